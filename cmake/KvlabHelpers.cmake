@@ -1,0 +1,51 @@
+# Small helpers so each folder's CMakeLists.txt stays a few lines long.
+
+# kvlab_add_library(NAME SOURCES a.cpp b.cpp DEPS kvlab_core ... [PRIVATE_DEPS ...])
+# A static library whose headers are included as "framework/...", "kernels/...", "policies/...".
+function(kvlab_add_library name)
+  cmake_parse_arguments(ARG "" "" "SOURCES;DEPS;PRIVATE_DEPS" ${ARGN})
+  if(ARG_SOURCES)
+    add_library(${name} STATIC ${ARG_SOURCES})
+    target_include_directories(${name} PUBLIC ${PROJECT_SOURCE_DIR} ${PROJECT_BINARY_DIR}/generated)
+    target_link_libraries(${name} PUBLIC ${ARG_DEPS} PRIVATE ${ARG_PRIVATE_DEPS})
+  else()
+    add_library(${name} INTERFACE)
+    target_include_directories(${name} INTERFACE ${PROJECT_SOURCE_DIR} ${PROJECT_BINARY_DIR}/generated)
+    target_link_libraries(${name} INTERFACE ${ARG_DEPS})
+  endif()
+endfunction()
+
+# kvlab_add_test(NAME SOURCES x_test.cpp DEPS lib ...)
+# A GoogleTest executable registered with CTest. Tests run from the build directory; they find
+# the source tree through KVLAB_SOURCE_DIR and ../shared through KVLAB_SHARED_DIR.
+function(kvlab_add_test name)
+  if(NOT KVLAB_BUILD_TESTS)
+    return()
+  endif()
+  cmake_parse_arguments(ARG "" "" "SOURCES;DEPS;LABELS" ${ARGN})
+  add_executable(${name} ${ARG_SOURCES})
+  target_link_libraries(${name} PRIVATE ${ARG_DEPS} GTest::gtest GTest::gtest_main)
+  target_compile_definitions(${name} PRIVATE
+    KVLAB_SOURCE_DIR="${PROJECT_SOURCE_DIR}"
+    KVLAB_BINARY_DIR="${PROJECT_BINARY_DIR}")
+  gtest_discover_tests(${name} DISCOVERY_TIMEOUT 60
+    PROPERTIES ENVIRONMENT "KVLAB_SOURCE_DIR=${PROJECT_SOURCE_DIR};KVLAB_BINARY_DIR=${PROJECT_BINARY_DIR}"
+    LABELS "${ARG_LABELS}")
+endfunction()
+
+# Adds every immediate subfolder of DIR that has a CMakeLists.txt (so a new library folder needs
+# no edit elsewhere), then DIR's own CMakeLists.txt if it has one.
+function(kvlab_add_subdirectories dir)
+  set(root ${CMAKE_CURRENT_SOURCE_DIR}/${dir})
+  if(EXISTS ${root}/CMakeLists.txt)
+    add_subdirectory(${dir})
+    return()
+  endif()
+  file(GLOB children RELATIVE ${root} ${root}/*)
+  list(SORT children)
+  foreach(child ${children})
+    if(IS_DIRECTORY ${root}/${child} AND EXISTS ${root}/${child}/CMakeLists.txt)
+      add_subdirectory(${dir}/${child})
+    endif()
+  endforeach()
+endfunction()
