@@ -1,0 +1,65 @@
+// kvlab: entry point. Dispatches to a subcommand (see commands.h); catches kvlab::Error and any
+// std::exception so bad input always ends in one readable line and a non-zero exit.
+#include <cstdio>
+#include <exception>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "framework/cli/commands.h"
+#include "kvlab/version.h"
+
+namespace kvlab::cli {
+// Each command is defined in its own cmd_<name>.cpp.
+// Declarations: int run_NAME(const std::vector<std::string>& args); one per command file.
+// Add yours here and a row to kCommands below.
+}  // namespace kvlab::cli
+
+namespace {
+
+using kvlab::cli::Command;
+
+constexpr Command kCommands[] = {
+    // {"name", "summary", &kvlab::cli::run_name},
+};
+
+void print_usage(std::FILE* out) {
+  std::fprintf(out,
+               "kvlab %s (%s) - attention and KV-cache policy experiments for long-context LLMs\n\n"
+               "usage: kvlab COMMAND [options]     (kvlab COMMAND --help for its options)\n\n"
+               "commands:\n",
+               kvlab::kVersion, kvlab::kGitCommit);
+  for (const Command& c : kCommands) std::fprintf(out, "  %-12s %s\n", c.name, c.summary);
+  std::fprintf(out, "\noptions:\n  -h, --help   this help\n  --version    print the version\n");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    print_usage(stderr);
+    return 2;
+  }
+  const std::string name = argv[1];
+  if (name == "-h" || name == "--help" || name == "help") {
+    print_usage(stdout);
+    return 0;
+  }
+  if (name == "--version" || name == "version") {
+    std::printf("kvlab %s (%s)\n", kvlab::kVersion, kvlab::kGitCommit);
+    return 0;
+  }
+  for (const Command& c : kCommands) {
+    if (name != c.name) continue;
+    std::vector<std::string> args{std::string("kvlab ") + c.name};
+    for (int i = 2; i < argc; ++i) args.emplace_back(argv[i]);
+    try {
+      return c.run(args);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "kvlab %s: error: %s\n", c.name, e.what());
+      return 1;
+    }
+  }
+  std::fprintf(stderr, "kvlab: unknown command '%s' (see kvlab --help)\n", name.c_str());
+  return 2;
+}
