@@ -1,0 +1,167 @@
+// The attention-policy interface: the heart of kvlab.
+//
+// A policy decides, for every layer and step of one sequence, (1) which cached keys each new
+// query may read and (2) which cached tokens may be dropped. It turns what it observes into DATA
+// — a KeySelection and a list of Evictions — that the paged KV store and the attention kernels
+// carry out exactly. It declares what it needs computed (PolicyNeeds) so that kernels compute
+// nothing unused.
+//
+// Lifetime and state: a PolicyFactory (what the registry holds) creates one AttentionPolicy per
+// sequence. The instance owns all its per-layer and per-KV-head state, so state can never leak
+// between sequences or samples; `reset()` returns it to the freshly created state.
+//
+// The step, per layer `l` of one forward call over `n_new` tokens of one sequence:
+//   1. the engine computes q, k, v of the new tokens and appends k, v to the layer's cache
+//      (cache slots [n_slots - n_new, n_slots));
+//   2. policy.select(step, selection)           -> which slots each (query row, KV head) reads;
+//   3. attention runs exactly over the selection (online softmax, causal by position);
+//      if needs().key_attention_mass, it also returns, for every slot and KV head, the sum over
+//      the step's query rows and the KV head's G query heads of the probability it received;
+//   4. policy.after_attention(step, stats, evictions) -> slots to drop, per KV head;
+//   5. the store drops them (frees blocks that become empty, compacts partially empty ones).
+//
+// Vocabulary: slot = index of a cached token in the layer's cache of this sequence (0-based, in
+// insertion order, stable between compactions: see LayerCacheView::slot_position); position =
+// the token's position in the text; qo_idx = query row of the step (0..n_new-1); head_idx =
+// query head; kv_head = KV head (query head h reads KV head h / G).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "framework/policy/params.h"
+
+namespace kvlab {
+
+// Model shape a policy may scale its defaults by.
+struct PolicyModelShape {
+  int n_layers = 0;
+  int n_heads = 0;      // query heads
+  int n_kv_heads = 0;   // KV heads; group size G = n_heads / n_kv_heads
+  int head_dim = 0;
+  int max_seq_len = 0;  // the model's training context
+};
+
+// What the kernels must compute for this policy.
+struct PolicyNeeds {
+  // StepStats::key_mass: per KV head and slot, sum over the step's rows and the group's query
+  // heads of softmax probability (H2O's accumulated attention score).
+  bool key_attention_mass = false;
+  // Store keys before RoPE and rotate each at read time with its rank among the cached tokens
+  // (StreamingLLM's "positions within the cache"); the query gets position = number of cached
+  // tokens before it. False: keys are rotated once, at their original text position.
+  bool rope_at_cache_position = false;
+};
+
+// Read-only view of one layer's cache of one sequence, as the policy sees it.
+class LayerCacheView {
+ public:
+  virtual ~LayerCacheView() = default;
+  virtual int n_slots() const = 0;  // slots in use, including evicted holes not yet compacted
+  virtual bool slot_valid(int slot, int kv_head) const = 0;
+  virtual int64_t slot_position(int slot, int kv_head) const = 0;  // text position of the token
+  // Writes the key (as used by attention: after RoPE at the original position, except with
+  // rope_at_cache_position where it is the raw key) as fp32 into out[head_dim].
+  virtual void load_key(int slot, int kv_head, float* out) const = 0;
+};
+
+// One layer of one forward call, for one sequence.
+struct LayerStep {
+  int layer = 0;
+  bool is_prefill = false;                 // more than one new token (a prefill chunk)
+  int n_new = 0;                           // new tokens (query rows) in this call
+  std::span<const int64_t> positions;      // [n_new] text positions of the new tokens
+  // [n_new, n_heads, head_dim] queries after RoPE (with rope_at_cache_position: at the cache
+  // position), fp32, unscaled.
+  std::span<const float> queries;
+  const LayerCacheView* cache = nullptr;   // includes the new tokens' slots
+  PolicyModelShape shape;
+};
+
+// A half-open range of slots [begin, end).
+struct SlotRange {
+  int32_t begin = 0;
+  int32_t end = 0;
+};
+
+// Which slots each (query row, KV head) may read. Attention always also applies causality by
+// position (key position <= query position) and skips evicted slots, so `all` means "every
+// valid, causal slot" (full attention). Otherwise the ranges of row r and KV head h are
+// ranges[indptr[r * n_kv_heads + h] .. indptr[r * n_kv_heads + h + 1]), sorted, disjoint.
+struct KeySelection {
+  bool all = true;
+  int n_rows = 0;
+  int n_kv_heads = 0;
+  std::vector<int32_t> indptr;  // [n_rows * n_kv_heads + 1]
+  std::vector<SlotRange> ranges;
+
+  void select_all() { all = true; indptr.clear(); ranges.clear(); }
+  // Starts an explicit selection for n_rows x n_kv_heads lists; then call add() in (row, head)
+  // order and close_list() after each list.
+  void begin(int rows, int kv_heads) {
+    all = false; n_rows = rows; n_kv_heads = kv_heads;
+    indptr.assign(1, 0); ranges.clear();
+  }
+  void add(int32_t begin_slot, int32_t end_slot) {
+    if (begin_slot >= end_slot) return;
+    const bool list_open = static_cast<int32_t>(ranges.size()) > indptr.back();
+    if (list_open && ranges.back().end == begin_slot) {
+      ranges.back().end = end_slot;  // merge adjacent ranges of the same list
+      return;
+    }
+    ranges.push_back({begin_slot, end_slot});
+  }
+  void close_list() { indptr.push_back(static_cast<int32_t>(ranges.size())); }
+  std::span<const SlotRange> list(int row, int kv_head) const {
+    const int i = row * n_kv_heads + kv_head;
+    return {ranges.data() + indptr[i], ranges.data() + indptr[i + 1]};
+  }
+};
+
+// What attention observed, when PolicyNeeds asked for it.
+struct StepStats {
+  // [n_kv_heads, n_slots]: key_mass[h * n_slots + s]; empty unless key_attention_mass.
+  std::span<const float> key_mass;
+  int n_slots = 0;
+};
+
+// Slots to drop, per KV head: slots[h] (any order; duplicates and already-evicted slots are
+// errors). Evicting the same slots for every head is the common case (use evict_all_heads).
+struct Evictions {
+  std::vector<std::vector<int32_t>> slots;  // [n_kv_heads][...]
+  void clear(int n_kv_heads) { slots.assign(n_kv_heads, {}); }
+  void evict_all_heads(int32_t slot) { for (auto& s : slots) s.push_back(slot); }
+  bool empty() const { for (auto& s : slots) if (!s.empty()) return false; return true; }
+};
+
+class AttentionPolicy {
+ public:
+  virtual ~AttentionPolicy() = default;
+  virtual PolicyNeeds needs() const { return {}; }
+  // Before attention: fill `out` (it arrives as select_all()).
+  virtual void select(const LayerStep& step, KeySelection& out) {}
+  // After attention: append evictions (it arrives cleared for n_kv_heads).
+  virtual void after_attention(const LayerStep& step, const StepStats& stats, Evictions& out) {}
+  // Most tokens resident per (layer, KV head) after a step that brought the sequence to
+  // n_seen tokens; -1 = unbounded. Used by invariant tests and reported as "budget set".
+  virtual int64_t budget_tokens(int layer, int64_t n_seen) const { return -1; }
+  // Back to the freshly created state (a new sample).
+  virtual void reset() = 0;
+};
+
+// What the registry holds: a named, documented maker of per-sequence policies.
+class PolicyFactory {
+ public:
+  virtual ~PolicyFactory() = default;
+  virtual std::string name() const = 0;
+  virtual std::string doc() const = 0;          // one line
+  virtual const ParamSpecs& params() const = 0; // typed parameters with defaults and docs
+  // `params` has already been validated against params() (defaults filled in).
+  virtual std::unique_ptr<AttentionPolicy> create(const ParamValues& params,
+                                                  const PolicyModelShape& shape) const = 0;
+};
+
+}  // namespace kvlab

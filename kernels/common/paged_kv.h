@@ -1,0 +1,50 @@
+// A paged KV cache as a plain, non-owning view (after FlashInfer's paged_kv_t): the CPU
+// reference, the CPU fast path and the CUDA kernels all read this same struct.
+//
+// Memory layout of one page (a "block" of page_size token slots) for one layer:
+//   k_data[page][kv_head][entry][feat]   (head-major inside the page: the keys of one head are
+//   v_data[page][kv_head][entry][feat]    contiguous, which measured 2x faster than token-major
+//                                         on the CPU, MACHINE.md)
+// Request b owns pages indices[indptr[b] .. indptr[b+1]); all but its last page are full; its
+// last page holds last_page_len[b] entries. Slot s of request b is entry s % page_size of page
+// indices[indptr[b] + s / page_size].
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/common/host_device.h"
+
+namespace kvlab {
+
+template <class T>
+struct PagedKvView {
+  int page_size = 16;
+  int num_kv_heads = 0;
+  int head_dim = 0;
+  T* k_data = nullptr;                    // [num_pages, num_kv_heads, page_size, head_dim]
+  T* v_data = nullptr;                    // [num_pages, num_kv_heads, page_size, head_dim]
+  const int32_t* indptr = nullptr;        // [batch + 1]
+  const int32_t* indices = nullptr;       // [indptr[batch]] page ids
+  const int32_t* last_page_len = nullptr; // [batch]
+
+  // Number of slots of request b.
+  KVLAB_HD int length(int b) const {
+    const int pages = indptr[b + 1] - indptr[b];
+    return pages == 0 ? 0 : (pages - 1) * page_size + last_page_len[b];
+  }
+  // Element offset of (page, head, entry, feat) from k_data / v_data.
+  KVLAB_HD size_t offset(int page_idx, int head_idx, int entry_idx, int feat_idx) const {
+    return ((static_cast<size_t>(page_idx) * num_kv_heads + head_idx) * page_size + entry_idx) *
+               head_dim + feat_idx;
+  }
+  // Offset of slot `slot` of request b for a head (the row of head_dim features starts there).
+  KVLAB_HD size_t slot_offset(int b, int slot, int head_idx) const {
+    return offset(indices[indptr[b] + slot / page_size], head_idx, slot % page_size, 0);
+  }
+  KVLAB_HD size_t page_elems() const {
+    return static_cast<size_t>(num_kv_heads) * page_size * head_dim;
+  }
+};
+
+}  // namespace kvlab
