@@ -1,0 +1,296 @@
+// GGUF reader tests: files are built byte by byte here (independently of the Python writer), so a
+// shared misunderstanding of the format cannot hide.
+#include "framework/model/gguf.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "framework/core/error.h"
+
+namespace kvlab {
+namespace {
+
+// Little-endian byte builder for GGUF files.
+struct Bytes {
+  std::string b;
+  template <class T>
+  Bytes& pod(T v) {
+    char tmp[sizeof(T)];
+    std::memcpy(tmp, &v, sizeof(T));
+    b.append(tmp, sizeof(T));
+    return *this;
+  }
+  Bytes& u32(uint32_t v) { return pod(v); }
+  Bytes& u64(uint64_t v) { return pod(v); }
+  Bytes& str(const std::string& s) { u64(s.size()); b += s; return *this; }
+  Bytes& key(const std::string& k, GgufType t) { str(k); return u32(static_cast<uint32_t>(t)); }
+  void pad_to(size_t align) { while (b.size() % align) b.push_back('\0'); }
+};
+
+std::filesystem::path temp_path(const std::string& name) {
+  auto dir = std::filesystem::temp_directory_path() /
+             ("kvlab_gguf_test_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  return dir / name;
+}
+
+std::filesystem::path write_file(const std::string& name, const std::string& bytes) {
+  auto p = temp_path(name);
+  std::ofstream(p, std::ios::binary).write(bytes.data(), bytes.size());
+  return p;
+}
+
+std::string error_of(const std::filesystem::path& p) {
+  try {
+    GgufFile::open(p);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// A file with every scalar type, arrays of several types, a nested array and two tensors
+// (F32 [3, 2] and F16 [4]) at the given alignment.
+std::string full_file(uint32_t version, uint32_t alignment) {
+  Bytes h;
+  const int n_kv = 18 + (alignment != 32 ? 1 : 0);
+  h.b = "GGUF";
+  h.u32(version).u64(2).u64(n_kv);
+  h.key("u8", GgufType::kUint8).pod<uint8_t>(200);
+  h.key("i8", GgufType::kInt8).pod<int8_t>(-100);
+  h.key("u16", GgufType::kUint16).pod<uint16_t>(60000);
+  h.key("i16", GgufType::kInt16).pod<int16_t>(-30000);
+  h.key("u32", GgufType::kUint32).pod<uint32_t>(4000000000u);
+  h.key("i32", GgufType::kInt32).pod<int32_t>(-2000000000);
+  h.key("f32", GgufType::kFloat32).pod<float>(1.5f);
+  h.key("bool", GgufType::kBool).pod<uint8_t>(1);
+  h.key("str", GgufType::kString).str("hello gguf");
+  h.key("u64", GgufType::kUint64).pod<uint64_t>(uint64_t{1} << 40);
+  h.key("i64", GgufType::kInt64).pod<int64_t>(-(int64_t{1} << 40));
+  h.key("f64", GgufType::kFloat64).pod<double>(0.125);
+  h.key("u64big", GgufType::kUint64).pod<uint64_t>(~uint64_t{0});
+  h.key("arr.str", GgufType::kArray).u32(uint32_t(GgufType::kString)).u64(3).str("a").str("").str("ccc");
+  h.key("arr.f32", GgufType::kArray).u32(uint32_t(GgufType::kFloat32)).u64(2).pod(-1.0f).pod(2.5f);
+  h.key("arr.i32", GgufType::kArray).u32(uint32_t(GgufType::kInt32)).u64(3).pod(1).pod(-2).pod(3);
+  h.key("arr.empty", GgufType::kArray).u32(uint32_t(GgufType::kUint8)).u64(0);
+  // [[1, 2], [3]] as arrays of UINT16
+  h.key("arr.nested", GgufType::kArray).u32(uint32_t(GgufType::kArray)).u64(2);
+  h.u32(uint32_t(GgufType::kUint16)).u64(2).pod<uint16_t>(1).pod<uint16_t>(2);
+  h.u32(uint32_t(GgufType::kUint16)).u64(1).pod<uint16_t>(3);
+  if (alignment != 32) h.key("general.alignment", GgufType::kUint32).u32(alignment);
+  // tensors: a F32 [rows 2, cols 3] matrix at offset 0 and an F16 vector after it
+  const uint64_t t1_offset = (24 + alignment - 1) / alignment * alignment;
+  h.str("mat").u32(2).u64(3).u64(2).u32(0).u64(0);
+  h.str("vec").u32(1).u64(4).u32(1).u64(t1_offset);
+  h.pad_to(alignment);
+  const size_t data_start = h.b.size();
+  for (float v : {1.f, 2.f, 3.f, 4.f, 5.f, 6.f}) h.pod(v);
+  h.pad_to(alignment);
+  EXPECT_EQ(h.b.size() - data_start, t1_offset);
+  for (uint16_t v : {0x3C00, 0x4000, 0xC000, 0x0000}) h.pod(v);  // 1, 2, -2, 0 in fp16
+  return h.b;
+}
+
+class GgufVersions : public ::testing::TestWithParam<std::tuple<uint32_t, uint32_t>> {};
+
+TEST_P(GgufVersions, ReadsEveryMetadataTypeArraysAndTensors) {
+  const auto [version, alignment] = GetParam();
+  const auto path = write_file("full_" + std::to_string(version) + "_" + std::to_string(alignment) +
+                                   ".gguf", full_file(version, alignment));
+  const GgufFile f = GgufFile::open(path);
+  EXPECT_EQ(f.version(), version);
+  EXPECT_EQ(f.alignment(), alignment);
+  EXPECT_EQ(f.at("u8").as_int(), 200);
+  EXPECT_EQ(f.at("u8").type(), GgufType::kUint8);
+  EXPECT_EQ(f.at("i8").as_int(), -100);
+  EXPECT_EQ(f.at("u16").as_int(), 60000);
+  EXPECT_EQ(f.at("i16").as_int(), -30000);
+  EXPECT_EQ(f.at("u32").as_int(), 4000000000LL);
+  EXPECT_EQ(f.at("i32").as_int(), -2000000000);
+  EXPECT_FLOAT_EQ(f.at("f32").as_float(), 1.5f);
+  EXPECT_TRUE(f.at("bool").as_bool());
+  EXPECT_EQ(f.at("bool").as_int(), 1);
+  EXPECT_EQ(f.at("str").as_string(), "hello gguf");
+  EXPECT_EQ(f.at("u64").as_int(), int64_t{1} << 40);
+  EXPECT_EQ(f.at("i64").as_int(), -(int64_t{1} << 40));
+  EXPECT_DOUBLE_EQ(f.at("f64").as_float(), 0.125);
+  EXPECT_DOUBLE_EQ(f.at("i32").as_float(), -2000000000.0);
+  EXPECT_DOUBLE_EQ(f.at("u64big").as_float(), 18446744073709551615.0);
+  EXPECT_THROW(f.at("u64big").as_int(), Error);
+
+  EXPECT_EQ(f.at("arr.str").array_type(), GgufType::kString);
+  EXPECT_EQ(f.at("arr.str").array_size(), 3u);
+  EXPECT_EQ(f.at("arr.str").as_strings(), (std::vector<std::string>{"a", "", "ccc"}));
+  EXPECT_EQ(f.at("arr.f32").as_floats(), (std::vector<float>{-1.f, 2.5f}));
+  EXPECT_EQ(f.at("arr.i32").as_ints(), (std::vector<int64_t>{1, -2, 3}));
+  EXPECT_EQ(f.at("arr.i32").as_floats(), (std::vector<float>{1.f, -2.f, 3.f}));
+  EXPECT_EQ(f.at("arr.empty").array_size(), 0u);
+  const auto& nested = f.at("arr.nested").as_arrays();
+  ASSERT_EQ(nested.size(), 2u);
+  EXPECT_EQ(nested[0].as_ints(), (std::vector<int64_t>{1, 2}));
+  EXPECT_EQ(nested[1].as_ints(), (std::vector<int64_t>{3}));
+  EXPECT_EQ(nested[1].key(), "arr.nested[1]");
+  EXPECT_EQ(f.metadata().front().key(), "u8");
+  EXPECT_EQ(f.at("arr.str").to_string(), "[\"a\", \"\", \"ccc\"]");
+
+  EXPECT_EQ(f.find("absent"), nullptr);
+  ASSERT_EQ(f.tensors().size(), 2u);
+  const GgufTensorInfo* mat = f.find_tensor("mat");
+  ASSERT_NE(mat, nullptr);
+  EXPECT_EQ(mat->ne, (std::vector<int64_t>{3, 2}));
+  EXPECT_EQ(mat->type, GgmlType::kF32);
+  EXPECT_EQ(mat->n_bytes, 24u);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(mat->data) % alignment, 0u);  // mmap is page aligned
+  const float* m = static_cast<const float*>(mat->data);
+  EXPECT_EQ(m[0], 1.f);
+  EXPECT_EQ(m[5], 6.f);
+  const GgufTensorInfo* vec = f.find_tensor("vec");
+  ASSERT_NE(vec, nullptr);
+  EXPECT_EQ(vec->type, GgmlType::kF16);
+  EXPECT_EQ(vec->n_bytes, 8u);
+  EXPECT_EQ(static_cast<const uint16_t*>(vec->data)[2], 0xC000);
+  EXPECT_EQ(f.find_tensor("nope"), nullptr);
+}
+
+INSTANTIATE_TEST_SUITE_P(VersionsAndAlignments, GgufVersions,
+                         ::testing::Values(std::make_tuple(2u, 32u), std::make_tuple(3u, 32u),
+                                           std::make_tuple(3u, 64u), std::make_tuple(2u, 8u)));
+
+TEST(Gguf, TypeErrorsNameFileAndKey) {
+  const auto path = write_file("types.gguf", full_file(3, 32));
+  const GgufFile f = GgufFile::open(path);
+  try {
+    f.at("str").as_int();
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find(path.string()), std::string::npos) << msg;
+    EXPECT_NE(msg.find("'str'"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("STRING"), std::string::npos) << msg;
+  }
+  EXPECT_THROW(f.at("u8").as_string(), Error);
+  EXPECT_THROW(f.at("u8").as_bool(), Error);
+  EXPECT_THROW(f.at("arr.str").as_floats(), Error);
+  EXPECT_THROW(f.at("arr.f32").as_ints(), Error);
+  EXPECT_THROW(f.at("u8").array_size(), Error);
+  try {
+    f.at("missing.key");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("missing key 'missing.key'"), std::string::npos);
+  }
+}
+
+TEST(Gguf, MovedFileKeepsDataValid) {
+  const auto path = write_file("move.gguf", full_file(3, 32));
+  GgufFile a = GgufFile::open(path);
+  const void* data = a.find_tensor("mat")->data;
+  GgufFile b = std::move(a);
+  EXPECT_EQ(b.find_tensor("mat")->data, data);
+  EXPECT_EQ(static_cast<const float*>(b.find_tensor("mat")->data)[1], 2.f);
+  EXPECT_EQ(b.at("str").as_string(), "hello gguf");
+}
+
+TEST(Gguf, EveryTruncationIsAnErrorNotACrash) {
+  const std::string full = full_file(3, 32);
+  for (size_t n = 0; n < full.size(); ++n) {
+    const auto path = write_file("trunc.gguf", full.substr(0, n));
+    const std::string msg = error_of(path);
+    ASSERT_FALSE(msg.empty()) << "prefix of " << n << " bytes was accepted";
+    EXPECT_NE(msg.find(path.string()), std::string::npos) << msg;
+    EXPECT_NE(msg.find("truncated"), std::string::npos) << "at " << n << ": " << msg;
+  }
+}
+
+TEST(Gguf, WrongMagic) {
+  std::string bytes = full_file(3, 32);
+  bytes[0] = 'X';
+  const std::string msg = error_of(write_file("magic.gguf", bytes));
+  EXPECT_NE(msg.find("wrong magic"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("magic.gguf"), std::string::npos) << msg;
+}
+
+TEST(Gguf, UnsupportedVersions) {
+  for (uint32_t v : {1u, 4u, 0x03000000u}) {
+    std::string bytes = full_file(3, 32);
+    std::memcpy(&bytes[4], &v, 4);
+    const std::string msg = error_of(write_file("version.gguf", bytes));
+    EXPECT_NE(msg.find("version"), std::string::npos) << msg;
+  }
+}
+
+TEST(Gguf, UnsupportedTensorType) {
+  Bytes h;
+  h.b = "GGUF";
+  h.u32(3).u64(1).u64(0);
+  h.str("q4").u32(1).u64(32).u32(2 /* Q4_0 */).u64(0);
+  h.pad_to(32);
+  h.b.append(18, '\0');
+  const std::string msg = error_of(write_file("q4.gguf", h.b));
+  EXPECT_NE(msg.find("unsupported tensor type Q4_0"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("'q4'"), std::string::npos) << msg;
+}
+
+TEST(Gguf, Q8_0SizesAndRowLengthCheck) {
+  Bytes h;
+  h.b = "GGUF";
+  h.u32(3).u64(1).u64(0);
+  h.str("q8").u32(2).u64(64).u64(3).u32(8).u64(0);
+  h.pad_to(32);
+  h.b.append(6 * 34, '\0');
+  const GgufFile f = GgufFile::open(write_file("q8.gguf", h.b));
+  EXPECT_EQ(f.find_tensor("q8")->n_bytes, 6u * 34u);
+
+  Bytes bad;
+  bad.b = "GGUF";
+  bad.u32(3).u64(1).u64(0);
+  bad.str("q8").u32(1).u64(40).u32(8).u64(0);
+  bad.pad_to(32);
+  bad.b.append(34 * 2, '\0');
+  EXPECT_NE(error_of(write_file("q8bad.gguf", bad.b)).find("multiple of 32"), std::string::npos);
+}
+
+TEST(Gguf, RejectsDuplicatesMisalignmentAndAbsurdCounts) {
+  Bytes dup;
+  dup.b = "GGUF";
+  dup.u32(3).u64(0).u64(2);
+  dup.key("k", GgufType::kUint8).pod<uint8_t>(1);
+  dup.key("k", GgufType::kUint8).pod<uint8_t>(2);
+  EXPECT_NE(error_of(write_file("dup.gguf", dup.b)).find("duplicate key 'k'"), std::string::npos);
+
+  Bytes mis;
+  mis.b = "GGUF";
+  mis.u32(3).u64(1).u64(0);
+  mis.str("t").u32(1).u64(2).u32(0).u64(4);
+  mis.pad_to(32);
+  mis.b.append(64, '\0');
+  EXPECT_NE(error_of(write_file("mis.gguf", mis.b)).find("not a multiple of the alignment"),
+            std::string::npos);
+
+  Bytes huge;
+  huge.b = "GGUF";
+  huge.u32(3).u64(0).u64(1);
+  huge.key("a", GgufType::kArray).u32(uint32_t(GgufType::kString)).u64(uint64_t{1} << 60);
+  EXPECT_NE(error_of(write_file("huge.gguf", huge.b)).find("truncated"), std::string::npos);
+
+  Bytes badtype;
+  badtype.b = "GGUF";
+  badtype.u32(3).u64(0).u64(1);
+  badtype.key("k", static_cast<GgufType>(13)).pod<uint8_t>(1);
+  EXPECT_NE(error_of(write_file("badtype.gguf", badtype.b)).find("unknown value type 13"),
+            std::string::npos);
+}
+
+TEST(Gguf, MissingFileAndDirectory) {
+  const std::string msg = error_of("/nonexistent/dir/model.gguf");
+  EXPECT_NE(msg.find("/nonexistent/dir/model.gguf"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("cannot open"), std::string::npos) << msg;
+  EXPECT_NE(error_of(std::filesystem::temp_directory_path()).find("directory"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace kvlab
