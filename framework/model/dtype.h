@@ -1,0 +1,46 @@
+// Weight dtypes and their conversions to and from float32.
+//
+//   F16  : IEEE-754 binary16 (1 sign, 5 exponent, 10 mantissa bits); subnormals, inf and NaN kept.
+//   BF16 : the top 16 bits of a float32; fp32 -> bf16 rounds to nearest even, NaN stays NaN.
+//   Q8_0 : blocks of 32 values: one fp16 scale d and 32 int8 q, value = d * q. Quantization as in
+//          ggml's reference: d = max|x| / 127, q = round_half_away_from_zero(x * (1/d)), where
+//          1/d is computed from the float32 d before d is stored as fp16.
+// All conversions of a finite value are exact or correctly rounded; tested in dtype_test.cpp.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+namespace kvlab {
+
+enum class DType { kF32, kF16, kBF16, kQ8_0 };
+
+constexpr int64_t kQ8_0BlockSize = 32;
+struct BlockQ8_0 {
+  uint16_t d;                  // fp16 scale
+  int8_t qs[kQ8_0BlockSize];   // quants
+};
+static_assert(sizeof(BlockQ8_0) == 34, "Q8_0 blocks are 34 bytes (ggml layout)");
+
+const char* dtype_name(DType dtype);          // "f32" | "f16" | "bf16" | "q8_0"
+DType parse_dtype(std::string_view name);     // accepts the names above (any case); else throws
+// Bytes of n elements (Q8_0: n must be a multiple of 32; 34 bytes per 32 elements).
+size_t dtype_bytes(DType dtype, int64_t n);
+
+float fp16_to_fp32(uint16_t h);
+uint16_t fp32_to_fp16(float f);   // round to nearest even; overflow -> inf
+float bf16_to_fp32(uint16_t b);
+uint16_t fp32_to_bf16(float f);   // round to nearest even
+
+// x[n] -> blocks[n / 32]; n must be a multiple of 32 (checked: throws kvlab::Error).
+void quantize_q8_0(const float* x, BlockQ8_0* blocks, int64_t n);
+void dequantize_q8_0(const BlockQ8_0* blocks, float* y, int64_t n);
+
+// Converts n elements stored as `dtype` at src into float32 at dst (a row of a WeightView).
+void to_float(DType dtype, const void* src, float* dst, int64_t n);
+// Encodes n float32 values as `dtype` at dst (dtype_bytes(dtype, n) bytes).
+void from_float(DType dtype, const float* src, void* dst, int64_t n);
+
+}  // namespace kvlab
