@@ -1,0 +1,333 @@
+#include "framework/engine/linear.h"
+
+#include <cblas.h>
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "framework/core/error.h"
+#include "framework/engine/thread_pool.h"
+
+extern "C" void openblas_set_num_threads(int num_threads);
+
+namespace kvlab {
+
+size_t Matrix::row_bytes() const {
+  switch (type) {
+    case WeightType::kF32: return static_cast<size_t>(cols) * 4;
+    case WeightType::kF16:
+    case WeightType::kBF16: return static_cast<size_t>(cols) * 2;
+    case WeightType::kQ8_0: return static_cast<size_t>(cols / kQ8BlockSize) * kQ8BlockBytes;
+  }
+  return 0;
+}
+
+// ---- scalar conversions -------------------------------------------------------------------
+
+float fp16_to_fp32(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
+  const uint32_t exp = (h >> 10) & 0x1f;
+  const uint32_t mant = h & 0x3ff;
+  float value;
+  if (exp == 0) {
+    value = std::ldexp(static_cast<float>(mant), -24);  // subnormal (or zero): mant * 2^-24
+  } else if (exp == 31) {
+    value = mant ? std::numeric_limits<float>::quiet_NaN() : std::numeric_limits<float>::infinity();
+  } else {
+    uint32_t bits = ((exp + 112) << 23) | (mant << 13);  // rebias 15 -> 127
+    std::memcpy(&value, &bits, 4);
+  }
+  uint32_t bits;
+  std::memcpy(&bits, &value, 4);
+  bits |= sign;
+  std::memcpy(&value, &bits, 4);
+  return value;
+}
+
+uint16_t fp32_to_fp16(float f) {
+  return static_cast<uint16_t>(_cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT));
+}
+
+float bf16_to_fp32(uint16_t b) {
+  const uint32_t bits = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+uint16_t fp32_to_bf16(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, 4);
+  if ((bits & 0x7fffffff) > 0x7f800000) return static_cast<uint16_t>((bits >> 16) | 0x40);  // NaN
+  bits += 0x7fff + ((bits >> 16) & 1);  // round to nearest even
+  return static_cast<uint16_t>(bits >> 16);
+}
+
+// ---- q8_0 ----------------------------------------------------------------------------------
+
+std::vector<uint8_t> quantize_q8_0(const float* src, int64_t rows, int64_t cols) {
+  if (cols % kQ8BlockSize != 0) fail("quantize_q8_0: cols ", cols, " is not a multiple of 32");
+  const int64_t blocks = cols / kQ8BlockSize;
+  std::vector<uint8_t> out(static_cast<size_t>(rows * blocks * kQ8BlockBytes));
+  uint8_t* dst = out.data();
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t b = 0; b < blocks; ++b, dst += kQ8BlockBytes) {
+      const float* x = src + r * cols + b * kQ8BlockSize;
+      float amax = 0.f;
+      for (int i = 0; i < kQ8BlockSize; ++i) amax = std::max(amax, std::fabs(x[i]));
+      const float d = amax / 127.f;
+      const float inv = d != 0.f ? 1.f / d : 0.f;
+      const uint16_t dh = fp32_to_fp16(d);
+      std::memcpy(dst, &dh, 2);
+      for (int i = 0; i < kQ8BlockSize; ++i)
+        dst[2 + i] = static_cast<uint8_t>(static_cast<int8_t>(std::lround(x[i] * inv)));
+    }
+  }
+  return out;
+}
+
+// ---- reference ------------------------------------------------------------------------------
+
+namespace {
+
+float weight_at(const Matrix& w, int64_t r, int64_t c) {
+  const uint8_t* row = w.row(r);
+  switch (w.type) {
+    case WeightType::kF32: return reinterpret_cast<const float*>(row)[c];
+    case WeightType::kF16: return fp16_to_fp32(reinterpret_cast<const uint16_t*>(row)[c]);
+    case WeightType::kBF16: return bf16_to_fp32(reinterpret_cast<const uint16_t*>(row)[c]);
+    case WeightType::kQ8_0: {
+      const uint8_t* blk = row + (c / kQ8BlockSize) * kQ8BlockBytes;
+      uint16_t d;
+      std::memcpy(&d, blk, 2);
+      return fp16_to_fp32(d) * static_cast<float>(static_cast<int8_t>(blk[2 + c % kQ8BlockSize]));
+    }
+  }
+  return 0.f;
+}
+
+}  // namespace
+
+void dequantize_rows(const Matrix& w, int64_t row_begin, int64_t row_end, float* out) {
+  const int64_t cols = w.cols;
+  for (int64_t r = row_begin; r < row_end; ++r) {
+    float* dst = out + (r - row_begin) * cols;
+    const uint8_t* row = w.row(r);
+    switch (w.type) {
+      case WeightType::kF32: std::memcpy(dst, row, cols * 4); break;
+      case WeightType::kF16: {
+        const auto* h = reinterpret_cast<const uint16_t*>(row);
+        int64_t c = 0;
+        for (; c + 8 <= cols; c += 8)
+          _mm256_storeu_ps(dst + c, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h + c))));
+        for (; c < cols; ++c) dst[c] = fp16_to_fp32(h[c]);
+        break;
+      }
+      case WeightType::kBF16: {
+        const auto* h = reinterpret_cast<const uint16_t*>(row);
+        for (int64_t c = 0; c < cols; ++c) dst[c] = bf16_to_fp32(h[c]);
+        break;
+      }
+      case WeightType::kQ8_0:
+        for (int64_t c = 0; c < cols; ++c) dst[c] = weight_at(w, r, c);
+        break;
+    }
+  }
+}
+
+void linear_reference(const Matrix& w, const float* x, int64_t n, float* y, int64_t row_begin,
+                      int64_t row_end) {
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t r = row_begin; r < row_end; ++r) {
+      double acc = 0;
+      for (int64_t c = 0; c < w.cols; ++c)
+        acc += static_cast<double>(weight_at(w, r, c)) * x[t * w.cols + c];
+      y[t * w.rows + r] = static_cast<float>(acc);
+    }
+}
+
+// ---- fast kernels --------------------------------------------------------------------------
+
+namespace {
+
+// Loads 8 consecutive weights of a row starting at column c as fp32 (and one, for tails).
+struct LoadF32 {
+  static __m256 load8(const uint8_t* row, int64_t c) {
+    return _mm256_loadu_ps(reinterpret_cast<const float*>(row) + c);
+  }
+  static float load1(const uint8_t* row, int64_t c) { return reinterpret_cast<const float*>(row)[c]; }
+};
+struct LoadF16 {
+  static __m256 load8(const uint8_t* row, int64_t c) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 2 * c)));
+  }
+  static float load1(const uint8_t* row, int64_t c) {
+    return fp16_to_fp32(reinterpret_cast<const uint16_t*>(row)[c]);
+  }
+};
+struct LoadBF16 {  // bf16 -> fp32: zero-extend to 32 bits, shift into the high half
+  static __m256 load8(const uint8_t* row, int64_t c) {
+    const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 2 * c)));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+  }
+  static float load1(const uint8_t* row, int64_t c) {
+    return bf16_to_fp32(reinterpret_cast<const uint16_t*>(row)[c]);
+  }
+};
+
+inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// out[i] = row_i . x for R rows, two 8-wide accumulators per row (2R independent FMA chains).
+template <class L, int R>
+inline void dot_rows(const uint8_t* const* rows, const float* x, int64_t cols, float* out) {
+  __m256 a[R], b[R];
+  for (int i = 0; i < R; ++i) a[i] = b[i] = _mm256_setzero_ps();
+  int64_t c = 0;
+  for (; c + 16 <= cols; c += 16) {
+    const __m256 x0 = _mm256_loadu_ps(x + c);
+    const __m256 x1 = _mm256_loadu_ps(x + c + 8);
+    for (int i = 0; i < R; ++i) {
+      a[i] = _mm256_fmadd_ps(L::load8(rows[i], c), x0, a[i]);
+      b[i] = _mm256_fmadd_ps(L::load8(rows[i], c + 8), x1, b[i]);
+    }
+  }
+  if (c + 8 <= cols) {
+    const __m256 x0 = _mm256_loadu_ps(x + c);
+    for (int i = 0; i < R; ++i) a[i] = _mm256_fmadd_ps(L::load8(rows[i], c), x0, a[i]);
+    c += 8;
+  }
+  for (int i = 0; i < R; ++i) {
+    float s = hsum(_mm256_add_ps(a[i], b[i]));
+    for (int64_t k = c; k < cols; ++k) s += L::load1(rows[i], k) * x[k];
+    out[i] = s;
+  }
+}
+
+// q8_0: per 32-weight block, p = sum_j q_j x_j in fp32 (4 FMAs), then acc += d * p.
+template <int R>
+inline void dot_rows_q8(const uint8_t* const* rows, const float* x, int64_t cols, float* out) {
+  __m256 acc[R];
+  for (int i = 0; i < R; ++i) acc[i] = _mm256_setzero_ps();
+  const int64_t blocks = cols / kQ8BlockSize;
+  for (int64_t blk = 0; blk < blocks; ++blk) {
+    const float* xb = x + blk * kQ8BlockSize;
+    const __m256 x0 = _mm256_loadu_ps(xb), x1 = _mm256_loadu_ps(xb + 8);
+    const __m256 x2 = _mm256_loadu_ps(xb + 16), x3 = _mm256_loadu_ps(xb + 24);
+    for (int i = 0; i < R; ++i) {
+      const uint8_t* p = rows[i] + blk * kQ8BlockBytes;
+      uint16_t dh;
+      std::memcpy(&dh, p, 2);
+      const __m256 d = _mm256_set1_ps(_cvtsh_ss(dh));
+      const __m128i q01 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2));
+      const __m128i q23 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 18));
+      __m256 s = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q01)), x0);
+      s = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q01, 8))), x1, s);
+      s = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q23)), x2, s);
+      s = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q23, 8))), x3, s);
+      acc[i] = _mm256_fmadd_ps(d, s, acc[i]);
+    }
+  }
+  for (int i = 0; i < R; ++i) out[i] = hsum(acc[i]);
+}
+
+template <int R>
+inline void dot_rows_any(WeightType type, const uint8_t* const* rows, const float* x, int64_t cols,
+                         float* out) {
+  switch (type) {
+    case WeightType::kF32: dot_rows<LoadF32, R>(rows, x, cols, out); break;
+    case WeightType::kF16: dot_rows<LoadF16, R>(rows, x, cols, out); break;
+    case WeightType::kBF16: dot_rows<LoadBF16, R>(rows, x, cols, out); break;
+    case WeightType::kQ8_0: dot_rows_q8<R>(rows, x, cols, out); break;
+  }
+}
+
+void check_matrix(const Matrix& w) {
+  if (w.type == WeightType::kQ8_0 && w.cols % kQ8BlockSize != 0)
+    fail("q8_0 weight with ", w.cols, " columns: q8_0 needs a multiple of 32");
+}
+
+}  // namespace
+
+void matvec_rows(const Matrix& w, const float* x, int64_t n, float* y, int64_t row_begin,
+                 int64_t row_end) {
+  constexpr int kR = 4;
+  int64_t r = row_begin;
+  for (; r + kR <= row_end; r += kR) {
+    const uint8_t* rows[kR] = {w.row(r), w.row(r + 1), w.row(r + 2), w.row(r + 3)};
+    for (int64_t t = 0; t < n; ++t) {
+      float out[kR];
+      dot_rows_any<kR>(w.type, rows, x + t * w.cols, w.cols, out);
+      std::memcpy(y + t * w.rows + r, out, sizeof(out));
+    }
+  }
+  for (; r < row_end; ++r) {
+    const uint8_t* rows[1] = {w.row(r)};
+    for (int64_t t = 0; t < n; ++t) dot_rows_any<1>(w.type, rows, x + t * w.cols, w.cols, y + t * w.rows + r);
+  }
+}
+
+void sgemm_xwt(const float* x, int64_t n, const float* w, int64_t rows, int64_t cols, float* y,
+               int64_t ldy, int n_threads) {
+  static thread_local int current_threads = -1;
+  if (current_threads != n_threads) {
+    openblas_set_num_threads(n_threads);
+    current_threads = n_threads;
+  }
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(n), static_cast<int>(rows),
+              static_cast<int>(cols), 1.f, x, static_cast<int>(cols), w, static_cast<int>(cols), 0.f,
+              y, static_cast<int>(ldy));
+}
+
+void linear(ThreadPool& pool, const float* x, int64_t n, std::initializer_list<LinearJob> jobs,
+            std::vector<float>& scratch) {
+  for (const LinearJob& j : jobs) check_matrix(j.w);
+  if (n < kGemmMinTokens) {
+    // Rows of every job, in units of 4 rows, split evenly across threads in one pass.
+    constexpr int64_t kUnit = 4;
+    std::vector<int64_t> unit_begin{0};
+    for (const LinearJob& j : jobs) unit_begin.push_back(unit_begin.back() + (j.w.rows + kUnit - 1) / kUnit);
+    const LinearJob* job_list = jobs.begin();
+    pool.parallel_for(unit_begin.back(), [&](int64_t u0, int64_t u1, int) {
+      for (size_t k = 0; k + 1 < unit_begin.size(); ++k) {
+        const int64_t lo = std::max(u0, unit_begin[k]), hi = std::min(u1, unit_begin[k + 1]);
+        if (lo >= hi) continue;
+        const LinearJob& j = job_list[k];
+        const int64_t r0 = (lo - unit_begin[k]) * kUnit;
+        const int64_t r1 = std::min(j.w.rows, (hi - unit_begin[k]) * kUnit);
+        matvec_rows(j.w, x, n, j.y, r0, r1);
+        if (j.bias)
+          for (int64_t t = 0; t < n; ++t)
+            for (int64_t r = r0; r < r1; ++r) j.y[t * j.w.rows + r] += j.bias[r];
+      }
+    });
+    return;
+  }
+  for (const LinearJob& j : jobs) {
+    if (j.w.type == WeightType::kF32) {
+      sgemm_xwt(x, n, static_cast<const float*>(j.w.data), j.w.rows, j.w.cols, j.y, j.w.rows, pool.size());
+    } else {
+      // Panels of rows dequantized in parallel, then one multi-threaded sgemm each.
+      const int64_t panel_rows = std::max<int64_t>(64, (int64_t{1} << 20) / std::max<int64_t>(1, j.w.cols));
+      scratch.resize(static_cast<size_t>(std::min(panel_rows, j.w.rows) * j.w.cols));
+      for (int64_t p0 = 0; p0 < j.w.rows; p0 += panel_rows) {
+        const int64_t p1 = std::min(j.w.rows, p0 + panel_rows);
+        pool.parallel_for(p1 - p0, [&](int64_t a, int64_t b, int) {
+          dequantize_rows(j.w, p0 + a, p0 + b, scratch.data() + a * j.w.cols);
+        });
+        sgemm_xwt(x, n, scratch.data(), p1 - p0, j.w.cols, j.y + p0, j.w.rows, pool.size());
+      }
+    }
+    if (j.bias)
+      for (int64_t t = 0; t < n; ++t)
+        for (int64_t r = 0; r < j.w.rows; ++r) j.y[t * j.w.rows + r] += j.bias[r];
+  }
+}
+
+}  // namespace kvlab

@@ -1,0 +1,82 @@
+// Dense layers y = W x for weights kept in their stored dtype (fp32, fp16, bf16, q8_0), fp32
+// activations and fp32 accumulation. The forward pass spends nearly all its time here.
+//
+//   W: row-major [rows, cols] (rows = output features), element type by WeightType
+//   x: [n, cols] fp32 (n tokens),  y: [n, rows] fp32
+//   y[t, r] = sum_c W[r, c] * x[t, c]                       (W[d,n] @ x[n] -> y[d], per token)
+//
+// Two paths, validated against plain loops (linear_test.cpp):
+// - matvec (decode, small n): AVX2+FMA+F16C, 4 rows at a time sharing each x load, weights
+//   converted to fp32 in registers (fp16: vcvtph2ps; bf16: shift into the high half; q8_0:
+//   int8 -> fp32 times the block scale). Memory-bound, so it streams each weight byte once per
+//   call and needs many independent accumulators to keep up with DRAM.
+// - gemm (prefill, n >= kGemmMinTokens): OpenBLAS sgemm. Non-fp32 weights are dequantized one
+//   panel of rows at a time into a small fp32 buffer that stays in cache.
+// Row ranges let a thread pool split one matrix (or several sharing x) across threads.
+//
+// Q8_0 is GGML's layout: each row is cols/32 blocks of { fp16 scale d; int8 q[32] } (34 bytes),
+// value = d * q. cols must be a multiple of 32 for q8_0.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace kvlab {
+
+class ThreadPool;
+
+enum class WeightType { kF32, kF16, kBF16, kQ8_0 };
+
+inline constexpr int kQ8BlockSize = 32;  // weights per q8_0 block
+inline constexpr int kQ8BlockBytes = 34; // fp16 scale + 32 int8
+// Decode batches up to this size use the matvec kernel; larger ones use sgemm.
+inline constexpr int kGemmMinTokens = 8;
+
+// A weight matrix as the kernels see it.
+struct Matrix {
+  WeightType type = WeightType::kF32;
+  int64_t rows = 0, cols = 0;
+  const void* data = nullptr;
+  size_t row_bytes() const;                 // bytes of one row in its stored type
+  const uint8_t* row(int64_t r) const { return static_cast<const uint8_t*>(data) + r * row_bytes(); }
+};
+
+// Scalar conversions (IEEE half with subnormals, inf and NaN; bf16 = high half of fp32).
+float fp16_to_fp32(uint16_t h);
+uint16_t fp32_to_fp16(float f);   // round to nearest even
+float bf16_to_fp32(uint16_t b);
+uint16_t fp32_to_bf16(float f);   // round to nearest even
+
+// Writes rows [row_begin, row_end) of W as fp32 into out[(row_end-row_begin), cols].
+void dequantize_rows(const Matrix& w, int64_t row_begin, int64_t row_end, float* out);
+
+// Quantizes fp32 rows [rows, cols] into GGML q8_0 (d = max|x|/127, q = round(x/d)).
+std::vector<uint8_t> quantize_q8_0(const float* src, int64_t rows, int64_t cols);
+
+// Plain-loop reference: y[t, r] for r in [row_begin, row_end), every token t < n.
+void linear_reference(const Matrix& w, const float* x, int64_t n, float* y, int64_t row_begin,
+                      int64_t row_end);
+
+// The fast per-token kernel over a row range (one thread's share).
+void matvec_rows(const Matrix& w, const float* x, int64_t n, float* y, int64_t row_begin,
+                 int64_t row_end);
+
+// One output of a fused multi-matrix call: y[n, w.rows] (+ bias[w.rows] when non-null).
+struct LinearJob {
+  Matrix w;
+  float* y = nullptr;
+  const float* bias = nullptr;
+};
+
+// Runs every job on the same input x[n, cols] with the pool: matvec for n < kGemmMinTokens
+// (rows of all jobs split evenly across threads in one parallel pass), else sgemm per job with
+// `pool.size()` BLAS threads. `scratch` is reused for dequantized panels.
+void linear(ThreadPool& pool, const float* x, int64_t n, std::initializer_list<LinearJob> jobs,
+            std::vector<float>& scratch);
+
+// Raw sgemm helper: y[n, rows] = x[n, cols] @ W^T with W fp32 row-major [rows, cols] and ldy.
+void sgemm_xwt(const float* x, int64_t n, const float* w, int64_t rows, int64_t cols, float* y,
+               int64_t ldy, int n_threads);
+
+}  // namespace kvlab
