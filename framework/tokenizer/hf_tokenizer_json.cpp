@@ -1,0 +1,203 @@
+#include "framework/tokenizer/hf_tokenizer_json.h"
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "framework/core/error.h"
+
+namespace kvlab {
+namespace {
+
+using Json = nlohmann::json;
+
+Json read_json(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  if (!in) fail(path.string(), ": cannot open");
+  try {
+    return Json::parse(in);
+  } catch (const Json::exception& e) {
+    fail(path.string(), ": malformed JSON: ", e.what());
+  }
+}
+
+// A JSON string with the characters regex syntax gives meaning to escaped (HF Split{String}).
+std::string regex_escape(const std::string& literal) {
+  static const std::string kMeta = R"(\^$.|?*+()[]{}-/)";
+  std::string out;
+  for (const char c : literal) {
+    if (kMeta.find(c) != std::string::npos) out += '\\';
+    out += c;
+  }
+  return out;
+}
+
+class TokenizerJsonReader {
+ public:
+  explicit TokenizerJsonReader(const std::filesystem::path& path) : path_(path), name_(path.string()) {}
+
+  BpeVocab read() {
+    const Json root = read_json(path_);
+    if (!root.is_object()) bad("", "a JSON object at the top level");
+    read_model(field(root, "model", "model"));
+    if (root.contains("added_tokens")) read_added(root["added_tokens"]);
+    if (root.contains("normalizer") && !root["normalizer"].is_null())
+      bad("normalizer", "null (normalizer type '" + root["normalizer"].value("type", "?") +
+                            "' is not supported)");
+    if (!root.contains("pre_tokenizer") || root["pre_tokenizer"].is_null())
+      bad("pre_tokenizer", "a ByteLevel pre-tokenizer (only byte-level BPE is supported; for a "
+                           "SentencePiece vocabulary use tokenizer.model)");
+    read_pre_tokenizer(root["pre_tokenizer"], "pre_tokenizer");
+    if (!saw_byte_level_)
+      bad("pre_tokenizer", "a ByteLevel step (only byte-level BPE is supported; for a SentencePiece "
+                           "vocabulary use tokenizer.model)");
+    if (root.contains("post_processor") && !root["post_processor"].is_null())
+      read_post_processor(root["post_processor"], "post_processor");
+    read_config(path_.parent_path() / "tokenizer_config.json");
+    return std::move(vocab_);
+  }
+
+ private:
+  [[noreturn]] void bad(const std::string& key, const std::string& expected) {
+    fail(name_, ": ", key.empty() ? std::string("top level") : "key '" + key + "'", ": expected ", expected);
+  }
+  const Json& field(const Json& obj, const char* name, const std::string& key) {
+    if (!obj.is_object() || !obj.contains(name)) bad(key, "to be present");
+    return obj[name];
+  }
+  std::string string_at(const Json& obj, const char* name, const std::string& key) {
+    const Json& v = field(obj, name, key);
+    if (!v.is_string()) bad(key, "a string");
+    return v.get<std::string>();
+  }
+
+  void read_model(const Json& model) {
+    const std::string type = model.is_object() ? model.value("type", "BPE") : "";
+    if (type != "BPE") bad("model.type", "\"BPE\" (got \"" + type + "\")");
+    const Json& vocab = field(model, "vocab", "model.vocab");
+    if (!vocab.is_object() || vocab.empty()) bad("model.vocab", "a non-empty object {token: id}");
+    for (const auto& [token, id] : vocab.items()) {
+      if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > (1 << 24))
+        bad("model.vocab[\"" + token + "\"]", "an id in [0, 2^24]");
+      const size_t i = id.get<size_t>();
+      if (vocab_.tokens.size() <= i) vocab_.tokens.resize(i + 1);
+      vocab_.tokens[i] = token;
+    }
+    const Json& merges = field(model, "merges", "model.merges");
+    if (!merges.is_array()) bad("model.merges", "an array");
+    vocab_.merges.reserve(merges.size());
+    for (size_t k = 0; k < merges.size(); ++k) {
+      const Json& m = merges[k];
+      const std::string key = "model.merges[" + std::to_string(k) + "]";
+      if (m.is_string()) {  // "left right" (the older layout)
+        const std::string s = m.get<std::string>();
+        const size_t space = s.find(' ', 1);
+        if (space == std::string::npos) bad(key, "\"left right\"");
+        vocab_.merges.emplace_back(s.substr(0, space), s.substr(space + 1));
+      } else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {
+        vocab_.merges.emplace_back(m[0].get<std::string>(), m[1].get<std::string>());
+      } else {
+        bad(key, "\"left right\" or [\"left\", \"right\"]");
+      }
+    }
+    vocab_.ignore_merges = model.value("ignore_merges", false);
+    if (model.value("byte_fallback", false)) bad("model.byte_fallback", "false (byte-level BPE)");
+  }
+
+  void read_added(const Json& added) {
+    if (!added.is_array()) bad("added_tokens", "an array");
+    for (size_t k = 0; k < added.size(); ++k) {
+      const std::string key = "added_tokens[" + std::to_string(k) + "]";
+      const Json& t = added[k];
+      if (!t.is_object() || !t.contains("id") || !t["id"].is_number_integer() || t["id"].get<int64_t>() < 0)
+        bad(key + ".id", "a non-negative integer");
+      BpeAddedToken token;
+      token.id = t["id"].get<int32_t>();
+      token.content = string_at(t, "content", key + ".content");
+      token.special = t.value("special", false);
+      vocab_.added.push_back(std::move(token));
+    }
+  }
+
+  void read_pre_tokenizer(const Json& pre, const std::string& key) {
+    const std::string type = string_at(pre, "type", key + ".type");
+    if (type == "Sequence") {
+      const Json& steps = field(pre, "pretokenizers", key + ".pretokenizers");
+      if (!steps.is_array()) bad(key + ".pretokenizers", "an array");
+      for (size_t k = 0; k < steps.size(); ++k)
+        read_pre_tokenizer(steps[k], key + ".pretokenizers[" + std::to_string(k) + "]");
+    } else if (type == "ByteLevel") {
+      saw_byte_level_ = true;
+      vocab_.add_prefix_space = pre.value("add_prefix_space", false);
+      if (pre.value("use_regex", true)) vocab_.pre_patterns.emplace_back(kGpt2Pattern);
+    } else if (type == "Split") {
+      const Json& pattern = field(pre, "pattern", key + ".pattern");
+      if (pattern.contains("Regex")) vocab_.pre_patterns.push_back(string_at(pattern, "Regex", key + ".pattern.Regex"));
+      else vocab_.pre_patterns.push_back(regex_escape(string_at(pattern, "String", key + ".pattern.String")));
+      if (pre.value("behavior", "Isolated") != "Isolated") bad(key + ".behavior", "\"Isolated\"");
+      if (pre.value("invert", false)) bad(key + ".invert", "false");
+    } else if (type == "Digits") {
+      vocab_.pre_patterns.emplace_back(pre.value("individual_digits", false) ? R"(\p{N})" : R"(\p{N}+)");
+    } else {
+      bad(key + ".type", "ByteLevel, Split, Digits or Sequence (got \"" + type + "\")");
+    }
+  }
+
+  // TemplateProcessing whose single-sequence template starts with a special token: that token
+  // is the BOS the model expects first.
+  void read_post_processor(const Json& post, const std::string& key) {
+    const std::string type = post.value("type", "");
+    if (type == "Sequence" && post.contains("processors") && post["processors"].is_array()) {
+      for (size_t k = 0; k < post["processors"].size(); ++k)
+        read_post_processor(post["processors"][k], key + ".processors[" + std::to_string(k) + "]");
+      return;
+    }
+    if (type != "TemplateProcessing" || !post.contains("single") || !post["single"].is_array() ||
+        post["single"].empty())
+      return;
+    const Json& first = post["single"][0];
+    if (!first.contains("SpecialToken")) return;
+    const std::string name = string_at(first["SpecialToken"], "id", key + ".single[0].SpecialToken.id");
+    const int32_t id = find_token(name);
+    if (id < 0) bad(key + ".single[0]", "a known token (\"" + name + "\" is not in the vocabulary)");
+    vocab_.bos_id = id;
+    vocab_.add_bos = true;
+  }
+
+  int32_t find_token(const std::string& content) const {
+    for (const BpeAddedToken& t : vocab_.added)
+      if (t.content == content) return t.id;
+    for (size_t i = 0; i < vocab_.tokens.size(); ++i)
+      if (vocab_.tokens[i] == content) return static_cast<int32_t>(i);
+    return -1;
+  }
+
+  // tokenizer_config.json: optional; bos_token / eos_token as a string or {"content": ...}.
+  void read_config(const std::filesystem::path& config_path) {
+    if (!std::filesystem::exists(config_path)) return;
+    const Json config = read_json(config_path);
+    const auto token_of = [&](const char* name) -> int32_t {
+      if (!config.contains(name)) return -2;
+      const Json& v = config[name];
+      if (v.is_null()) return -1;
+      const std::string content = v.is_string() ? v.get<std::string>() : v.value("content", "");
+      return find_token(content);
+    };
+    if (const int32_t bos = token_of("bos_token"); bos != -2) vocab_.bos_id = bos;
+    if (const int32_t eos = token_of("eos_token"); eos != -2) vocab_.eos_id = eos;
+    if (config.contains("add_bos_token") && config["add_bos_token"].is_boolean())
+      vocab_.add_bos = config["add_bos_token"].get<bool>();
+  }
+
+  std::filesystem::path path_;
+  std::string name_;
+  BpeVocab vocab_;
+  bool saw_byte_level_ = false;
+};
+
+}  // namespace
+
+std::unique_ptr<BpeTokenizer> load_hf_tokenizer_json(const std::filesystem::path& path) {
+  return std::make_unique<BpeTokenizer>(TokenizerJsonReader(path).read(), path.string());
+}
+
+}  // namespace kvlab

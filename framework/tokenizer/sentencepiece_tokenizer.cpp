@@ -1,0 +1,170 @@
+#include "framework/tokenizer/sentencepiece_tokenizer.h"
+
+#include <sentencepiece_processor.h>
+
+#include <algorithm>
+#include <fstream>
+#include <iterator>
+
+#include "framework/core/error.h"
+
+namespace kvlab {
+namespace {
+
+constexpr std::string_view kSpaceSymbol = "\xE2\x96\x81";  // U+2581 "▁", SentencePiece's space
+constexpr std::string_view kUnknownSurface = " \xE2\x81\x87 ";  // " ⁇ ", sentencepiece's unk_surface
+
+std::unique_ptr<sentencepiece::SentencePieceProcessor> load_processor(const std::string& serialized,
+                                                                      const std::string& source) {
+  auto sp = std::make_unique<sentencepiece::SentencePieceProcessor>();
+  const auto status = sp->LoadFromSerializedProto(serialized);
+  if (!status.ok()) fail(source, ": sentencepiece rejected the model: ", status.ToString());
+  return sp;
+}
+
+// "▁the" -> " the".
+std::string unescape_spaces(const std::string& piece) {
+  std::string out;
+  out.reserve(piece.size());
+  for (size_t pos = 0; pos < piece.size();) {
+    if (piece.compare(pos, kSpaceSymbol.size(), kSpaceSymbol) == 0) {
+      out += ' ';
+      pos += kSpaceSymbol.size();
+    } else {
+      out += piece[pos++];
+    }
+  }
+  return out;
+}
+
+// "<0x0A>" -> '\n'. Byte pieces are spelled exactly so (sentencepiece's ByteToPiece).
+char byte_piece_value(const std::string& piece, const std::string& source) {
+  if (piece.size() != 6 || piece.compare(0, 3, "<0x") != 0 || piece[5] != '>')
+    fail(source, ": byte piece '", piece, "' is not of the form <0xXX>");
+  return static_cast<char>(std::stoi(piece.substr(3, 2), nullptr, 16));
+}
+
+}  // namespace
+
+SentencePieceTokenizer::SentencePieceTokenizer(const std::string& serialized, const std::string& source,
+                                               const SpmSpecialOverrides& overrides)
+    : source_(source) {
+  const SpmNormalizerFlags flags = read_spm_normalizer_flags(serialized, source);
+  sp_ = load_processor(serialized, source);
+  sp_continue_ = load_processor(serialized + spm_add_dummy_prefix_override(false), source);
+  // sentencepiece's Decode drops the leading "▁" of the first piece under either switch.
+  strip_leading_space_ = flags.add_dummy_prefix || flags.remove_extra_whitespaces;
+
+  const int n = sp_->GetPieceSize();
+  surface_.resize(n);
+  for (int id = 0; id < n; ++id) {
+    const std::string& piece = sp_->IdToPiece(id);
+    if (sp_->IsControl(id)) {
+      surface_[id] = "";
+      if (!piece.empty()) specials_.emplace_back(piece, id);
+    } else if (sp_->IsUnknown(id)) {
+      surface_[id] = std::string(kUnknownSurface);
+      if (!piece.empty()) specials_.emplace_back(piece, id);
+    } else if (sp_->IsByte(id)) {
+      surface_[id] = std::string(1, byte_piece_value(piece, source));
+    } else {
+      surface_[id] = unescape_spaces(piece);
+    }
+  }
+  std::stable_sort(specials_.begin(), specials_.end(),
+                   [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
+
+  const auto valid_or_none = [&](int32_t id) { return id >= 0 && id < n ? id : -1; };
+  bos_id_ = valid_or_none(overrides.bos_id == -2 ? sp_->bos_id() : overrides.bos_id);
+  eos_id_ = valid_or_none(overrides.eos_id == -2 ? sp_->eos_id() : overrides.eos_id);
+  add_bos_ = overrides.add_bos && bos_id_ >= 0;
+}
+
+SentencePieceTokenizer::~SentencePieceTokenizer() = default;
+
+void SentencePieceTokenizer::encode_text(std::string_view text, bool at_start,
+                                         std::vector<int32_t>& out) const {
+  if (text.empty()) return;
+  std::vector<int> ids;
+  const auto& sp = at_start ? *sp_ : *sp_continue_;
+  const auto status = sp.Encode(text, &ids);
+  // Encode only fails for an unloaded model, which the constructor rules out.
+  KVLAB_CHECK(status.ok(), source_, ": ", status.ToString());
+  out.insert(out.end(), ids.begin(), ids.end());
+}
+
+std::vector<int32_t> SentencePieceTokenizer::encode(std::string_view text,
+                                                    const EncodeOptions& opts) const {
+  std::vector<int32_t> out;
+  if (opts.add_bos && bos_id_ >= 0) out.push_back(bos_id_);
+  if (!opts.parse_special || specials_.empty()) {
+    encode_text(text, true, out);
+    return out;
+  }
+  // Split at special-token text (leftmost, then longest); the dummy prefix marks only the start.
+  size_t segment_begin = 0;
+  for (size_t pos = 0; pos < text.size();) {
+    const auto match = std::find_if(specials_.begin(), specials_.end(), [&](const auto& s) {
+      return text.compare(pos, s.first.size(), s.first) == 0;
+    });
+    if (match == specials_.end()) {
+      ++pos;
+      continue;
+    }
+    encode_text(text.substr(segment_begin, pos - segment_begin), segment_begin == 0, out);
+    out.push_back(match->second);
+    pos += match->first.size();
+    segment_begin = pos;
+  }
+  encode_text(text.substr(segment_begin), segment_begin == 0, out);
+  return out;
+}
+
+std::string SentencePieceTokenizer::decode(std::span<const int32_t> ids) const {
+  std::string out;
+  bool first_piece = true;  // the first non-control piece loses its dummy-prefix space
+  for (const int32_t id : ids) {
+    const std::string piece = token_to_piece(id);
+    if (sp_->IsControl(id)) continue;
+    if (first_piece && strip_leading_space_ && !piece.empty() && piece[0] == ' ' && !sp_->IsByte(id) &&
+        !sp_->IsUnknown(id)) {
+      out.append(piece, 1);
+    } else {
+      out += piece;
+    }
+    first_piece = false;
+  }
+  return out;
+}
+
+std::string SentencePieceTokenizer::token_to_piece(int32_t id) const {
+  if (id < 0 || id >= vocab_size())
+    fail(source_, ": token id ", id, " is outside the vocabulary [0, ", vocab_size(), ")");
+  return surface_[id];
+}
+
+std::string SentencePieceTokenizer::id_to_token(int32_t id) const {
+  if (id < 0 || id >= vocab_size())
+    fail(source_, ": token id ", id, " is outside the vocabulary [0, ", vocab_size(), ")");
+  return sp_->IdToPiece(id);
+}
+
+std::unique_ptr<SentencePieceTokenizer> load_sentencepiece_model(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail(path.string(), ": cannot open SentencePiece model");
+  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (bytes.empty()) fail(path.string(), ": empty file, expected a SentencePiece model");
+  return std::make_unique<SentencePieceTokenizer>(bytes, path.string());
+}
+
+std::unique_ptr<SentencePieceTokenizer> sentencepiece_from_vocab(const SpmVocab& vocab,
+                                                                 const std::string& source,
+                                                                 bool add_bos) {
+  SpmSpecialOverrides overrides;
+  overrides.bos_id = vocab.bos_id;
+  overrides.eos_id = vocab.eos_id;
+  overrides.add_bos = add_bos;
+  return std::make_unique<SentencePieceTokenizer>(serialize_spm_model_proto(vocab), source, overrides);
+}
+
+}  // namespace kvlab

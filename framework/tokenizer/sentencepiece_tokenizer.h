@@ -1,0 +1,72 @@
+// SentencePiece tokenizer: Debian's libsentencepiece does the encoding; this class adds the
+// parts of kvlab's Tokenizer contract the library lacks (special tokens in text, byte-exact
+// decode, per-token pieces for streaming).
+//
+// One ModelProto, three sources: a tokenizer.model file is already one; a GGUF "llama" vocabulary
+// and a llama2.c tokenizer.bin are converted to one (spm_model_proto.h, llama2c_vocab.h).
+#pragma once
+
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "framework/tokenizer/spm_model_proto.h"
+#include "framework/tokenizer/tokenizer.h"
+
+namespace sentencepiece {
+class SentencePieceProcessor;
+}
+
+namespace kvlab {
+
+// What the container says about BOS/EOS (GGUF keys); -1 / nullopt-like defaults keep the model's.
+struct SpmSpecialOverrides {
+  int32_t bos_id = -2;  // -2: take the ModelProto's; -1: none; else this id
+  int32_t eos_id = -2;
+  bool add_bos = true;  // Llama models are trained with BOS first
+};
+
+class SentencePieceTokenizer final : public Tokenizer {
+ public:
+  // `serialized` is a ModelProto; `source` names its file in error messages.
+  SentencePieceTokenizer(const std::string& serialized, const std::string& source,
+                         const SpmSpecialOverrides& overrides = {});
+  ~SentencePieceTokenizer() override;
+
+  std::vector<int32_t> encode(std::string_view text, const EncodeOptions& opts = {}) const override;
+  std::string decode(std::span<const int32_t> ids) const override;
+  std::string token_to_piece(int32_t id) const override;
+  std::string id_to_token(int32_t id) const override;
+  int32_t vocab_size() const override { return static_cast<int32_t>(surface_.size()); }
+  int32_t bos_id() const override { return bos_id_; }
+  int32_t eos_id() const override { return eos_id_; }
+  bool add_bos_by_default() const override { return add_bos_; }
+  std::string kind() const override { return "sentencepiece"; }
+
+ private:
+  void encode_text(std::string_view text, bool at_start, std::vector<int32_t>& out) const;
+
+  std::string source_;
+  std::unique_ptr<sentencepiece::SentencePieceProcessor> sp_;  // the model as given
+  // The same model with add_dummy_prefix off: encodes text that follows a special token, which
+  // is not the start of the text (the dummy prefix marks only the start).
+  std::unique_ptr<sentencepiece::SentencePieceProcessor> sp_continue_;
+  std::vector<std::string> surface_;  // [vocab] bytes each id contributes mid-text
+  std::vector<std::pair<std::string, int32_t>> specials_;  // control/unknown piece text -> id,
+                                                           // longest first (parse_special)
+  bool strip_leading_space_ = true;  // decode drops the dummy-prefix space of the first piece
+  int32_t bos_id_ = -1, eos_id_ = -1;
+  bool add_bos_ = true;
+};
+
+// Loads a SentencePiece tokenizer.model file. Throws kvlab::Error naming the file.
+std::unique_ptr<SentencePieceTokenizer> load_sentencepiece_model(const std::filesystem::path& path);
+
+// Builds the tokenizer from a vocabulary (GGUF or tokenizer.bin); `source` names the file.
+std::unique_ptr<SentencePieceTokenizer> sentencepiece_from_vocab(const SpmVocab& vocab,
+                                                                 const std::string& source,
+                                                                 bool add_bos);
+
+}  // namespace kvlab

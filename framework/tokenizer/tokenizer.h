@@ -1,0 +1,82 @@
+// Tokenizers: text <-> the token ids a Llama-family model was trained on.
+//
+// Two kinds behind one interface:
+//   "sentencepiece" (Llama 1/2, Mistral, TinyLlama, TinyStories): run by Debian's libsentencepiece.
+//       Sources: tokenizer.model, a GGUF file with tokenizer.ggml.model = "llama", a llama2.c
+//       tokenizer.bin. The last two are turned into a SentencePiece ModelProto (spm_model_proto.h)
+//       so the same library encodes all three.
+//   "bpe" (GPT-2, Llama 3, Qwen2, SmolLM): byte-level BPE implemented here (bpe_tokenizer.h).
+//       Sources: a Hugging Face tokenizer.json, a GGUF file with tokenizer.ggml.model = "gpt2".
+//
+// Contract:
+//   - encode() never throws on any byte string (invalid UTF-8 included). Special tokens
+//     (BOS/EOS/control/added special tokens) written in the text are recognised only with
+//     EncodeOptions::parse_special; otherwise they are ordinary text.
+//   - decode(encode(x)) == x for every valid UTF-8 x. For invalid UTF-8: the byte-level BPE
+//     round-trips the bytes exactly; SentencePiece (the library, hence the real models) replaces
+//     each invalid byte by U+FFFD before encoding, so decode gives that U+FFFD text back.
+//   - decode() returns bytes: a byte-fallback piece (<0xE4>) contributes its raw byte, so a
+//     sequence cut in the middle of a character yields a partial UTF-8 sequence; StreamDecoder
+//     holds such partial sequences back until they complete.
+//   - Loaders throw kvlab::Error naming the file and the problem (missing, truncated, malformed).
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace kvlab {
+
+class GgufFile;  // framework/model/gguf.h
+
+struct EncodeOptions {
+  bool add_bos = false;        // prepend bos_id() (when the tokenizer has one)
+  bool parse_special = false;  // recognise special-token text ("<s>", "<|endoftext|>") as one id
+};
+
+class Tokenizer {
+ public:
+  virtual ~Tokenizer() = default;
+  virtual std::vector<int32_t> encode(std::string_view text, const EncodeOptions& opts = {}) const = 0;
+  virtual std::string decode(std::span<const int32_t> ids) const = 0;  // exact inverse of encode
+  // The bytes this token contributes in the middle of a text ("▁the" -> " the", <0x0A> -> "\n",
+  // control tokens -> ""). Throws kvlab::Error for an id outside [0, vocab_size()).
+  virtual std::string token_to_piece(int32_t id) const = 0;
+  virtual int32_t vocab_size() const = 0;
+  virtual int32_t bos_id() const = 0;  // -1 when none
+  virtual int32_t eos_id() const = 0;  // -1 when none
+  virtual bool add_bos_by_default() const = 0;
+  virtual std::string kind() const = 0;  // "sentencepiece" | "bpe"
+  // The vocabulary's own spelling of a token ("▁the", "Ġthe", "<0x0A>"), for `kvlab tokenize --pieces`.
+  virtual std::string id_to_token(int32_t id) const = 0;
+};
+
+// Streaming decode: push ids one by one, get back only complete UTF-8 text. A trailing partial
+// UTF-8 sequence (e.g. the first 2 bytes of a 4-byte emoji from byte-fallback pieces) is held
+// back until it completes; bytes that can never start a valid character are passed through.
+// Invariant: push(i0) + push(i1) + ... + flush() == tokenizer.decode({i0, i1, ...}).
+class StreamDecoder {
+ public:
+  explicit StreamDecoder(const Tokenizer& tokenizer);
+  std::string push(int32_t id);
+  std::string flush();  // whatever is still held back (an incomplete sequence at the very end)
+
+ private:
+  const Tokenizer* tokenizer_;
+  std::vector<int32_t> leading_ids_;  // ids pushed while decode() of them is still empty
+  bool started_ = false;              // some token has produced text
+  std::string pending_;               // bytes held back: an incomplete trailing UTF-8 sequence
+};
+
+// PATH: tokenizer.model | tokenizer.json | llama2.c tokenizer.bin | *.gguf | a directory holding
+// one of tokenizer.json, tokenizer.model (tried in that order). Throws kvlab::Error naming PATH.
+std::unique_ptr<Tokenizer> load_tokenizer(const std::filesystem::path& path);
+
+// Builds the tokenizer described by the tokenizer.ggml.* metadata of an open GGUF file.
+std::unique_ptr<Tokenizer> tokenizer_from_gguf(const GgufFile& gguf);
+
+}  // namespace kvlab
