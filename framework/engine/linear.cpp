@@ -14,79 +14,10 @@ extern "C" void openblas_set_num_threads(int num_threads);
 
 namespace kvlab {
 
-size_t Matrix::row_bytes() const {
-  switch (type) {
-    case WeightType::kF32: return static_cast<size_t>(cols) * 4;
-    case WeightType::kF16:
-    case WeightType::kBF16: return static_cast<size_t>(cols) * 2;
-    case WeightType::kQ8_0: return static_cast<size_t>(cols / kQ8BlockSize) * kQ8BlockBytes;
-  }
-  return 0;
-}
-
-// ---- scalar conversions -------------------------------------------------------------------
-
-float fp16_to_fp32(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
-  const uint32_t exp = (h >> 10) & 0x1f;
-  const uint32_t mant = h & 0x3ff;
-  float value;
-  if (exp == 0) {
-    value = std::ldexp(static_cast<float>(mant), -24);  // subnormal (or zero): mant * 2^-24
-  } else if (exp == 31) {
-    value = mant ? std::numeric_limits<float>::quiet_NaN() : std::numeric_limits<float>::infinity();
-  } else {
-    uint32_t bits = ((exp + 112) << 23) | (mant << 13);  // rebias 15 -> 127
-    std::memcpy(&value, &bits, 4);
-  }
-  uint32_t bits;
-  std::memcpy(&bits, &value, 4);
-  bits |= sign;
-  std::memcpy(&value, &bits, 4);
-  return value;
-}
-
-uint16_t fp32_to_fp16(float f) {
-  return static_cast<uint16_t>(_cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT));
-}
-
-float bf16_to_fp32(uint16_t b) {
-  const uint32_t bits = static_cast<uint32_t>(b) << 16;
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
-
-uint16_t fp32_to_bf16(float f) {
-  uint32_t bits;
-  std::memcpy(&bits, &f, 4);
-  if ((bits & 0x7fffffff) > 0x7f800000) return static_cast<uint16_t>((bits >> 16) | 0x40);  // NaN
-  bits += 0x7fff + ((bits >> 16) & 1);  // round to nearest even
-  return static_cast<uint16_t>(bits >> 16);
-}
-
-// ---- q8_0 ----------------------------------------------------------------------------------
-
-std::vector<uint8_t> quantize_q8_0(const float* src, int64_t rows, int64_t cols) {
-  if (cols % kQ8BlockSize != 0) fail("quantize_q8_0: cols ", cols, " is not a multiple of 32");
-  const int64_t blocks = cols / kQ8BlockSize;
-  std::vector<uint8_t> out(static_cast<size_t>(rows * blocks * kQ8BlockBytes));
-  uint8_t* dst = out.data();
-  for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t b = 0; b < blocks; ++b, dst += kQ8BlockBytes) {
-      const float* x = src + r * cols + b * kQ8BlockSize;
-      float amax = 0.f;
-      for (int i = 0; i < kQ8BlockSize; ++i) amax = std::max(amax, std::fabs(x[i]));
-      const float d = amax / 127.f;
-      const float inv = d != 0.f ? 1.f / d : 0.f;
-      const uint16_t dh = fp32_to_fp16(d);
-      std::memcpy(dst, &dh, 2);
-      for (int i = 0; i < kQ8BlockSize; ++i)
-        dst[2 + i] = static_cast<uint8_t>(static_cast<int8_t>(std::lround(x[i] * inv)));
-    }
-  }
-  return out;
-}
+namespace {
+constexpr int kQ8BlockSize = static_cast<int>(kQ8_0BlockSize);
+constexpr int kQ8BlockBytes = static_cast<int>(sizeof(BlockQ8_0));
+}  // namespace
 
 // ---- reference ------------------------------------------------------------------------------
 
@@ -95,10 +26,10 @@ namespace {
 float weight_at(const Matrix& w, int64_t r, int64_t c) {
   const uint8_t* row = w.row(r);
   switch (w.type) {
-    case WeightType::kF32: return reinterpret_cast<const float*>(row)[c];
-    case WeightType::kF16: return fp16_to_fp32(reinterpret_cast<const uint16_t*>(row)[c]);
-    case WeightType::kBF16: return bf16_to_fp32(reinterpret_cast<const uint16_t*>(row)[c]);
-    case WeightType::kQ8_0: {
+    case DType::kF32: return reinterpret_cast<const float*>(row)[c];
+    case DType::kF16: return fp16_to_fp32(reinterpret_cast<const uint16_t*>(row)[c]);
+    case DType::kBF16: return bf16_to_fp32(reinterpret_cast<const uint16_t*>(row)[c]);
+    case DType::kQ8_0: {
       const uint8_t* blk = row + (c / kQ8BlockSize) * kQ8BlockBytes;
       uint16_t d;
       std::memcpy(&d, blk, 2);
@@ -111,30 +42,7 @@ float weight_at(const Matrix& w, int64_t r, int64_t c) {
 }  // namespace
 
 void dequantize_rows(const Matrix& w, int64_t row_begin, int64_t row_end, float* out) {
-  const int64_t cols = w.cols;
-  for (int64_t r = row_begin; r < row_end; ++r) {
-    float* dst = out + (r - row_begin) * cols;
-    const uint8_t* row = w.row(r);
-    switch (w.type) {
-      case WeightType::kF32: std::memcpy(dst, row, cols * 4); break;
-      case WeightType::kF16: {
-        const auto* h = reinterpret_cast<const uint16_t*>(row);
-        int64_t c = 0;
-        for (; c + 8 <= cols; c += 8)
-          _mm256_storeu_ps(dst + c, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h + c))));
-        for (; c < cols; ++c) dst[c] = fp16_to_fp32(h[c]);
-        break;
-      }
-      case WeightType::kBF16: {
-        const auto* h = reinterpret_cast<const uint16_t*>(row);
-        for (int64_t c = 0; c < cols; ++c) dst[c] = bf16_to_fp32(h[c]);
-        break;
-      }
-      case WeightType::kQ8_0:
-        for (int64_t c = 0; c < cols; ++c) dst[c] = weight_at(w, r, c);
-        break;
-    }
-  }
+  for (int64_t r = row_begin; r < row_end; ++r) to_float(w.type, w.row(r), out + (r - row_begin) * w.cols, w.cols);
 }
 
 void linear_reference(const Matrix& w, const float* x, int64_t n, float* y, int64_t row_begin,
@@ -238,18 +146,18 @@ inline void dot_rows_q8(const uint8_t* const* rows, const float* x, int64_t cols
 }
 
 template <int R>
-inline void dot_rows_any(WeightType type, const uint8_t* const* rows, const float* x, int64_t cols,
+inline void dot_rows_any(DType type, const uint8_t* const* rows, const float* x, int64_t cols,
                          float* out) {
   switch (type) {
-    case WeightType::kF32: dot_rows<LoadF32, R>(rows, x, cols, out); break;
-    case WeightType::kF16: dot_rows<LoadF16, R>(rows, x, cols, out); break;
-    case WeightType::kBF16: dot_rows<LoadBF16, R>(rows, x, cols, out); break;
-    case WeightType::kQ8_0: dot_rows_q8<R>(rows, x, cols, out); break;
+    case DType::kF32: dot_rows<LoadF32, R>(rows, x, cols, out); break;
+    case DType::kF16: dot_rows<LoadF16, R>(rows, x, cols, out); break;
+    case DType::kBF16: dot_rows<LoadBF16, R>(rows, x, cols, out); break;
+    case DType::kQ8_0: dot_rows_q8<R>(rows, x, cols, out); break;
   }
 }
 
 void check_matrix(const Matrix& w) {
-  if (w.type == WeightType::kQ8_0 && w.cols % kQ8BlockSize != 0)
+  if (w.type == DType::kQ8_0 && w.cols % kQ8BlockSize != 0)
     fail("q8_0 weight with ", w.cols, " columns: q8_0 needs a multiple of 32");
 }
 
@@ -310,7 +218,7 @@ void linear(ThreadPool& pool, const float* x, int64_t n, std::initializer_list<L
     return;
   }
   for (const LinearJob& j : jobs) {
-    if (j.w.type == WeightType::kF32) {
+    if (j.w.type == DType::kF32) {
       sgemm_xwt(x, n, static_cast<const float*>(j.w.data), j.w.rows, j.w.cols, j.y, j.w.rows, pool.size());
     } else {
       // Panels of rows dequantized in parallel, then one multi-threaded sgemm each.

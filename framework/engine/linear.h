@@ -1,4 +1,4 @@
-// Dense layers y = W x for weights kept in their stored dtype (fp32, fp16, bf16, q8_0), fp32
+// Dense layers y = W x for weights kept in their stored dtype (fp32, fp16, bf16, q8_0: framework/model/dtype.h), fp32
 // activations and fp32 accumulation. The forward pass spends nearly all its time here.
 //
 //   W: row-major [rows, cols] (rows = output features), element type by WeightType
@@ -14,45 +14,37 @@
 //   panel of rows at a time into a small fp32 buffer that stays in cache.
 // Row ranges let a thread pool split one matrix (or several sharing x) across threads.
 //
-// Q8_0 is GGML's layout: each row is cols/32 blocks of { fp16 scale d; int8 q[32] } (34 bytes),
+// Q8_0 is GGML's layout (BlockQ8_0): each row is cols/32 blocks of { fp16 scale d; int8 q[32] },
 // value = d * q. cols must be a multiple of 32 for q8_0.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <vector>
+
+#include "framework/model/dtype.h"
 
 namespace kvlab {
 
 class ThreadPool;
 
-enum class WeightType { kF32, kF16, kBF16, kQ8_0 };
-
-inline constexpr int kQ8BlockSize = 32;  // weights per q8_0 block
-inline constexpr int kQ8BlockBytes = 34; // fp16 scale + 32 int8
 // Decode batches up to this size use the matvec kernel; larger ones use sgemm.
 inline constexpr int kGemmMinTokens = 8;
 
-// A weight matrix as the kernels see it.
+// A weight matrix as the kernels see it (the engine makes one from a model's WeightView).
 struct Matrix {
-  WeightType type = WeightType::kF32;
+  DType type = DType::kF32;
   int64_t rows = 0, cols = 0;
   const void* data = nullptr;
-  size_t row_bytes() const;                 // bytes of one row in its stored type
-  const uint8_t* row(int64_t r) const { return static_cast<const uint8_t*>(data) + r * row_bytes(); }
+  size_t row_bytes() const { return dtype_bytes(type, cols); }
+  const uint8_t* row(int64_t r) const {
+    return static_cast<const uint8_t*>(data) + static_cast<size_t>(r) * row_bytes();
+  }
 };
-
-// Scalar conversions (IEEE half with subnormals, inf and NaN; bf16 = high half of fp32).
-float fp16_to_fp32(uint16_t h);
-uint16_t fp32_to_fp16(float f);   // round to nearest even
-float bf16_to_fp32(uint16_t b);
-uint16_t fp32_to_bf16(float f);   // round to nearest even
 
 // Writes rows [row_begin, row_end) of W as fp32 into out[(row_end-row_begin), cols].
 void dequantize_rows(const Matrix& w, int64_t row_begin, int64_t row_end, float* out);
-
-// Quantizes fp32 rows [rows, cols] into GGML q8_0 (d = max|x|/127, q = round(x/d)).
-std::vector<uint8_t> quantize_q8_0(const float* src, int64_t rows, int64_t cols);
 
 // Plain-loop reference: y[t, r] for r in [row_begin, row_end), every token t < n.
 void linear_reference(const Matrix& w, const float* x, int64_t n, float* y, int64_t row_begin,

@@ -3,7 +3,6 @@
 #include "framework/engine/linear.h"
 
 #include <gtest/gtest.h>
-#include <immintrin.h>
 
 #include <array>
 
@@ -23,24 +22,27 @@ struct Stored {
 };
 
 // Random weights stored in `type` (the reference then reads the same stored values).
-Stored make_matrix(WeightType type, int64_t rows, int64_t cols, std::mt19937& rng) {
+Stored make_matrix(DType type, int64_t rows, int64_t cols, std::mt19937& rng) {
   std::normal_distribution<float> nd(0.f, 1.f);
   std::vector<float> f(rows * cols);
   for (float& v : f) v = nd(rng);
   Stored s;
   switch (type) {
-    case WeightType::kF32:
+    case DType::kF32:
       s.bytes.resize(f.size() * 4);
       std::memcpy(s.bytes.data(), f.data(), s.bytes.size());
       break;
-    case WeightType::kF16:
-    case WeightType::kBF16: {
+    case DType::kF16:
+    case DType::kBF16: {
       s.bytes.resize(f.size() * 2);
       auto* h = reinterpret_cast<uint16_t*>(s.bytes.data());
-      for (size_t i = 0; i < f.size(); ++i) h[i] = type == WeightType::kF16 ? fp32_to_fp16(f[i]) : fp32_to_bf16(f[i]);
+      for (size_t i = 0; i < f.size(); ++i) h[i] = type == DType::kF16 ? fp32_to_fp16(f[i]) : fp32_to_bf16(f[i]);
       break;
     }
-    case WeightType::kQ8_0: s.bytes = quantize_q8_0(f.data(), rows, cols); break;
+    case DType::kQ8_0:
+      s.bytes.resize(dtype_bytes(type, rows * cols));
+      quantize_q8_0(f.data(), reinterpret_cast<BlockQ8_0*>(s.bytes.data()), rows * cols);
+      break;
   }
   s.m = Matrix{type, rows, cols, s.bytes.data()};
   return s;
@@ -63,51 +65,16 @@ void expect_close(const std::vector<float>& got, const std::vector<float>& want,
   }
 }
 
-TEST(Conversions, Fp16RoundTripAndSpecials) {
-  EXPECT_EQ(fp16_to_fp32(0x3c00), 1.f);
-  EXPECT_EQ(fp16_to_fp32(0xc000), -2.f);
-  EXPECT_EQ(fp16_to_fp32(0x0001), std::ldexp(1.f, -24));  // smallest subnormal
-  EXPECT_TRUE(std::isinf(fp16_to_fp32(0x7c00)));
-  EXPECT_TRUE(std::isnan(fp16_to_fp32(0x7e00)));
-  for (uint32_t h = 0; h < 0x7c00; ++h) {  // every finite positive half round-trips
-    ASSERT_EQ(fp32_to_fp16(fp16_to_fp32(static_cast<uint16_t>(h))), h);
-    ASSERT_EQ(_cvtsh_ss(static_cast<uint16_t>(h)), fp16_to_fp32(static_cast<uint16_t>(h)));
-  }
-}
-
-TEST(Conversions, Bf16RoundsToNearestEven) {
-  EXPECT_EQ(bf16_to_fp32(fp32_to_bf16(1.f)), 1.f);
-  EXPECT_EQ(bf16_to_fp32(fp32_to_bf16(-3.5f)), -3.5f);
-  // 1 + 2^-8 is halfway between 1 and 1 + 2^-7: rounds to even (1).
-  EXPECT_EQ(bf16_to_fp32(fp32_to_bf16(1.f + std::ldexp(1.f, -8))), 1.f);
-  EXPECT_EQ(bf16_to_fp32(fp32_to_bf16(1.f + 3 * std::ldexp(1.f, -8))), 1.f + std::ldexp(1.f, -6));
-}
-
-TEST(Q8_0, QuantizeIsWithinHalfAStep) {
-  std::mt19937 rng(1);
-  auto f = random_vec(4 * 64, rng);
-  auto q = quantize_q8_0(f.data(), 4, 64);
-  ASSERT_EQ(q.size(), 4u * 2 * kQ8BlockBytes);
-  std::vector<float> back(f.size());
-  dequantize_rows(Matrix{WeightType::kQ8_0, 4, 64, q.data()}, 0, 4, back.data());
-  for (size_t i = 0; i < f.size(); ++i) {
-    const size_t b = i / 32;
-    float amax = 0;
-    for (size_t j = b * 32; j < b * 32 + 32; ++j) amax = std::max(amax, std::fabs(f[j]));
-    ASSERT_NEAR(back[i], f[i], amax / 127.f * 0.5f + 1e-3f * amax);
-  }
-}
-
-class LinearTypes : public ::testing::TestWithParam<WeightType> {};
+class LinearTypes : public ::testing::TestWithParam<DType> {};
 
 TEST_P(LinearTypes, MatvecMatchesReferenceOnAwkwardShapes) {
-  const WeightType type = GetParam();
+  const DType type = GetParam();
   std::mt19937 rng(7);
   const int64_t shapes[][2] = {{1, 32}, {3, 64}, {5, 96}, {13, 160}, {64, 288}, {37, 768}};
   const int64_t odd_cols[] = {1, 7, 9, 15, 17, 33, 100};
   std::vector<std::array<int64_t, 2>> all;
   for (auto& s : shapes) all.push_back({s[0], s[1]});
-  if (type != WeightType::kQ8_0)
+  if (type != DType::kQ8_0)
     for (int64_t c : odd_cols) all.push_back({11, c});
   for (auto [rows, cols] : all) {
     for (int64_t n : {1, 3}) {
@@ -123,7 +90,7 @@ TEST_P(LinearTypes, MatvecMatchesReferenceOnAwkwardShapes) {
 }
 
 TEST_P(LinearTypes, FusedJobsMatchReferenceForMatvecAndGemm) {
-  const WeightType type = GetParam();
+  const DType type = GetParam();
   std::mt19937 rng(11);
   for (int threads : {1, 2, 3}) {
     ThreadPool pool(threads);
@@ -146,21 +113,21 @@ TEST_P(LinearTypes, FusedJobsMatchReferenceForMatvecAndGemm) {
   }
 }
 
-std::string type_name(const ::testing::TestParamInfo<WeightType>& info) {
+std::string type_name(const ::testing::TestParamInfo<DType>& info) {
   static const char* const kNames[] = {"F32", "F16", "BF16", "Q8_0"};
   return kNames[static_cast<int>(info.param)];
 }
 
 INSTANTIATE_TEST_SUITE_P(AllTypes, LinearTypes,
-                         ::testing::Values(WeightType::kF32, WeightType::kF16, WeightType::kBF16,
-                                           WeightType::kQ8_0),
+                         ::testing::Values(DType::kF32, DType::kF16, DType::kBF16,
+                                           DType::kQ8_0),
                          type_name);
 
 TEST(Linear, Q8RejectsColsNotMultipleOf32) {
   ThreadPool pool(1);
   std::vector<uint8_t> bytes(64);
   std::vector<float> x(40), y(1), scratch;
-  EXPECT_THROW(linear(pool, x.data(), 1, {{Matrix{WeightType::kQ8_0, 1, 40, bytes.data()}, y.data(), nullptr}}, scratch),
+  EXPECT_THROW(linear(pool, x.data(), 1, {{Matrix{DType::kQ8_0, 1, 40, bytes.data()}, y.data(), nullptr}}, scratch),
                Error);
 }
 
