@@ -1,0 +1,217 @@
+#include "framework/experiment/experiment.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "framework/core/error.h"
+#include "framework/experiment/cells.h"
+#include "framework/policy/policy.h"
+
+namespace kvlab {
+namespace {
+
+namespace fs = std::filesystem;
+
+const char* kValid = R"(
+name: demo
+model:
+  path: models/tiny.gguf
+  dtype: f32
+  threads: 2
+kv: {block_size: 8, budget_bytes: 64MiB}
+engine: {prefill_chunk: 128, probe: false}
+policies:
+  - {name: full, type: full}
+  - name: win
+    type: window
+    params: {window: [32, 64], sinks: 4}
+  - name: h2o
+    type: h2o
+    params: {heavy: [8, 16], recent: [8, 16], label: "007"}
+seeds: [3, 4]
+evals:
+  niah:
+    haystack: [a.txt, b.txt]
+    context_lengths: [256, 512]
+    depths: [0, 50, 100]
+    trials: 2
+    value_digits: 5
+    decode_tail_tokens: 4
+  perplexity:
+    text: t.txt
+    tokens: 1024
+    protocol: sliding
+    window: 256
+    stride: 128
+)";
+
+TEST(Experiment, ParsesEveryField) {
+  const ExperimentSpec s = parse_experiment_text(kValid, "exp/demo.yaml");
+  EXPECT_EQ(s.name, "demo");
+  EXPECT_EQ(s.model.path, fs::path("models/tiny.gguf"));  // neither candidate exists: as written
+  EXPECT_EQ(s.model.dtype, "f32");
+  EXPECT_EQ(s.model.threads, 2);
+  EXPECT_EQ(s.kv.block_size_tokens, 8);
+  EXPECT_EQ(s.kv.budget_bytes, 64u << 20);
+  EXPECT_EQ(s.engine.prefill_chunk_tokens, 128);
+  EXPECT_FALSE(s.engine.probe);
+  ASSERT_EQ(s.policies.size(), 3u);
+  EXPECT_EQ(s.policies[1].name, "win");
+  EXPECT_EQ(s.policies[1].params[0].first, "window");
+  EXPECT_EQ(s.policies[1].params[0].second.size(), 2u);
+  // Quoted scalars stay strings, plain ones are typed.
+  EXPECT_EQ(std::get<std::string>(s.policies[2].params[2].second[0]), "007");
+  EXPECT_EQ(std::get<int64_t>(s.policies[1].params[1].second[0]), 4);
+  EXPECT_EQ(s.seeds, (std::vector<uint64_t>{3, 4}));
+  EXPECT_EQ(s.output, fs::path("results/demo.h5"));
+  EXPECT_TRUE(s.niah.enabled);
+  EXPECT_EQ(s.niah.haystack.size(), 2u);
+  EXPECT_EQ(s.niah.context_lengths, (std::vector<int>{256, 512}));
+  EXPECT_EQ(s.niah.depths, (std::vector<double>{0, 50, 100}));
+  EXPECT_EQ(s.niah.trials, 2);
+  EXPECT_EQ(s.niah.value_digits, 5);
+  EXPECT_EQ(s.niah.decode_tail_tokens, 4);
+  EXPECT_EQ(s.niah.needle, "The special magic number is {value}.");
+  EXPECT_TRUE(s.perplexity.enabled);
+  EXPECT_EQ(s.perplexity.protocol, PplProtocol::kSliding);
+  EXPECT_EQ(s.perplexity.window, 256);
+  EXPECT_EQ(s.perplexity.stride, 128);
+  EXPECT_EQ(s.yaml_text, kValid);
+}
+
+TEST(Experiment, GridExpandsInFileOrderLastFastest) {
+  const ExperimentSpec s = parse_experiment_text(kValid, "demo.yaml");
+  const std::vector<RunSpec> runs = expand_runs(s);
+  std::vector<std::string> names;
+  for (const auto& r : runs) names.push_back(r.name);
+  EXPECT_EQ(names, (std::vector<std::string>{"full", "win@window=32", "win@window=64",
+                                             "h2o@heavy=8,recent=8", "h2o@heavy=8,recent=16",
+                                             "h2o@heavy=16,recent=8", "h2o@heavy=16,recent=16"}));
+  EXPECT_EQ(std::get<int64_t>(runs[2].params.at("window")), 64);
+  EXPECT_EQ(std::get<int64_t>(runs[2].params.at("sinks")), 4);
+  EXPECT_EQ(runs[5].type, "h2o");
+
+  const std::vector<CellSpec> cells = expand_cells(s, runs);
+  ASSERT_EQ(cells.size(), runs.size() * (2 * 3 + 1));
+  EXPECT_EQ(cells[0].id, "niah_L256_D0");
+  EXPECT_EQ(cells[4].id, "niah_L512_D50");
+  EXPECT_EQ(cells[6].id, "ppl_T0");
+  EXPECT_EQ(cells[7].run, 1);
+  for (size_t i = 0; i < cells.size(); ++i) EXPECT_EQ(cells[i].index, int(i));
+}
+
+TEST(Experiment, ShardsPartitionTheCells) {
+  const ExperimentSpec s = parse_experiment_text(kValid, "demo.yaml");
+  const auto cells = expand_cells(s, expand_runs(s));
+  std::multiset<int> seen;
+  for (int i = 0; i < 3; ++i)
+    for (const auto& c : cells)
+      if (in_shard(c, Shard{i, 3})) seen.insert(c.index);
+  EXPECT_EQ(seen.size(), cells.size());
+  EXPECT_EQ(std::set<int>(seen.begin(), seen.end()).size(), cells.size());
+  EXPECT_EQ(parse_shard("2/5").index, 2);
+  EXPECT_EQ(parse_shard("2/5").count, 5);
+  for (const char* bad : {"5/5", "-1/3", "1/0", "1-3", "1/3x", ""})
+    EXPECT_THROW(parse_shard(bad), Error) << bad;
+}
+
+TEST(Experiment, TrialSeedsArePureAndDistinct) {
+  EXPECT_EQ(trial_seed(1, 512, 50, 0), trial_seed(1, 512, 50, 0));
+  std::set<uint64_t> seeds;
+  for (uint64_t seed : {0, 1})
+    for (int len : {256, 512})
+      for (double d : {0.0, 50.0})
+        for (int t : {0, 1}) seeds.insert(trial_seed(seed, len, d, t));
+  EXPECT_EQ(seeds.size(), 16u);
+}
+
+TEST(Experiment, ByteSizes) {
+  EXPECT_EQ(parse_byte_size("4096", "x"), 4096u);
+  EXPECT_EQ(parse_byte_size("64MiB", "x"), 64u << 20);
+  EXPECT_EQ(parse_byte_size("1.5 GB", "x"), 1500000000u);
+  EXPECT_THROW(parse_byte_size("12 parsecs", "x"), Error);
+  EXPECT_THROW(parse_byte_size("-3", "x"), Error);
+}
+
+TEST(Experiment, NearestName) {
+  EXPECT_EQ(nearest_name("polices", {"model", "policies", "plugins"}), "policies");
+  EXPECT_EQ(nearest_name("zzzzzzzzz", {"model", "policies"}), "");
+}
+
+// Each file of testdata/invalid starts with "# expect: MESSAGE"; parsing it must throw a
+// kvlab::Error whose message contains MESSAGE (file name, line:column, key path, expectation).
+TEST(Experiment, InvalidCorpusGivesTheExpectedMessages) {
+  const fs::path dir = fs::path(KVLAB_SOURCE_DIR) / "framework/experiment/testdata/invalid";
+  int n_files = 0;
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    if (entry.path().extension() != ".yaml") continue;
+    ++n_files;
+    std::ifstream in(entry.path());
+    std::string first;
+    std::getline(in, first);
+    const std::string tag = "# expect: ";
+    ASSERT_EQ(first.rfind(tag, 0), 0u) << entry.path() << " lacks a '# expect:' first line";
+    const std::string expected = first.substr(tag.size());
+    try {
+      parse_experiment(entry.path());
+      ADD_FAILURE() << entry.path().filename() << ": parsed without error";
+    } catch (const Error& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find(expected), std::string::npos)
+          << entry.path().filename() << "\n  expected: " << expected << "\n  got:      " << msg;
+    }
+  }
+  EXPECT_GE(n_files, 20);
+}
+
+// A registry stand-in with one policy type, to check type and parameter validation.
+class FakeWindowFactory : public PolicyFactory {
+ public:
+  std::string name() const override { return "window"; }
+  std::string doc() const override { return "test"; }
+  const ParamSpecs& params() const override { return specs_; }
+  std::unique_ptr<AttentionPolicy> create(const ParamValues&, const PolicyModelShape&) const override {
+    return nullptr;
+  }
+
+ private:
+  ParamSpecs specs_{{"window", ParamType::kInt, int64_t(64), "keys kept", 1.0, std::nullopt, {}}};
+};
+
+TEST(Experiment, PolicyTypesAndParamsCheckedAgainstRegistry) {
+  FakeWindowFactory window;
+  PolicyLookup lookup{[&](const std::string& t) -> const PolicyFactory* {
+                        return t == "window" ? &window : nullptr;
+                      },
+                      [] { return std::vector<std::string>{"window"}; }};
+  auto message = [&](const std::string& yaml) {
+    try {
+      check_policies(parse_experiment_text(yaml, "p.yaml"), lookup);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  const std::string head = "model: {path: m.gguf}\nevals: {perplexity: {text: t.txt}}\npolicies:\n";
+  EXPECT_EQ(message(head + "  - {type: window, params: {window: [8, 16]}}\n"), "no error");
+  EXPECT_NE(message(head + "  - type: windw\n").find("p.yaml:4:11: policies[0].type: unknown policy "
+                                                     "type 'windw' (did you mean 'window'?)"),
+            std::string::npos)
+      << message(head + "  - type: windw\n");
+  const std::string bad_key = message(head + "  - type: window\n    params: {windo: 8}\n");
+  EXPECT_NE(bad_key.find("p.yaml:5:13: policies[0].params.windo: unknown parameter of policy "
+                         "'window' (did you mean 'window'?)"),
+            std::string::npos)
+      << bad_key;
+  const std::string bad_value = message(head + "  - type: window\n    params: {window: [8, 0]}\n");
+  EXPECT_NE(bad_value.find("policies[0].params.window: policy 'window' expects a value in [1, inf], got 0"),
+            std::string::npos)
+      << bad_value;
+}
+
+}  // namespace
+}  // namespace kvlab

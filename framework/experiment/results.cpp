@@ -1,0 +1,414 @@
+#include "framework/experiment/results.h"
+
+#include <H5Cpp.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <ctime>
+
+#include "framework/core/error.h"
+
+namespace kvlab {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr int kDeflateLevel = 4;
+constexpr uint64_t kChunkElements = 1 << 16;  // ~256 KiB of float32 per chunk
+
+H5::StrType vlen_string_type() {
+  H5::StrType t(H5::PredType::C_S1, H5T_VARIABLE);
+  t.setCset(H5T_CSET_UTF8);
+  return t;
+}
+
+// Runs `body`, turning HDF5's exceptions into kvlab::Error naming the file and what we did.
+template <class F>
+auto guarded(const fs::path& path, const std::string& what, F&& body) {
+  H5::Exception::dontPrint();
+  try {
+    return body();
+  } catch (const H5::Exception& e) {
+    fail(path.string(), ": HDF5 error while ", what, ": ", e.getDetailMsg());
+  }
+}
+
+void write_attr(H5::H5Object& obj, const std::string& name, const AttrValue& value) {
+  if (obj.attrExists(name)) obj.removeAttr(name);
+  if (auto* i = std::get_if<int64_t>(&value)) {
+    H5::Attribute a = obj.createAttribute(name, H5::PredType::NATIVE_INT64, H5::DataSpace(H5S_SCALAR));
+    a.write(H5::PredType::NATIVE_INT64, i);
+  } else if (auto* d = std::get_if<double>(&value)) {
+    H5::Attribute a = obj.createAttribute(name, H5::PredType::NATIVE_DOUBLE, H5::DataSpace(H5S_SCALAR));
+    a.write(H5::PredType::NATIVE_DOUBLE, d);
+  } else if (auto* s = std::get_if<std::string>(&value)) {
+    H5::StrType t = vlen_string_type();
+    H5::Attribute a = obj.createAttribute(name, t, H5::DataSpace(H5S_SCALAR));
+    const char* p = s->c_str();
+    a.write(t, &p);
+  } else if (auto* vi = std::get_if<std::vector<int64_t>>(&value)) {
+    hsize_t n = vi->size();
+    H5::Attribute a = obj.createAttribute(name, H5::PredType::NATIVE_INT64, H5::DataSpace(1, &n));
+    if (n) a.write(H5::PredType::NATIVE_INT64, vi->data());
+  } else {
+    const auto& vd = std::get<std::vector<double>>(value);
+    hsize_t n = vd.size();
+    H5::Attribute a = obj.createAttribute(name, H5::PredType::NATIVE_DOUBLE, H5::DataSpace(1, &n));
+    if (n) a.write(H5::PredType::NATIVE_DOUBLE, vd.data());
+  }
+}
+
+AttrValue read_attr(const H5::Attribute& a) {
+  const H5::DataSpace space = a.getSpace();
+  const bool scalar = space.getSimpleExtentType() == H5S_SCALAR;
+  const hssize_t n = space.getSimpleExtentNpoints();
+  const H5T_class_t cls = a.getTypeClass();
+  if (cls == H5T_STRING) {
+    H5::StrType t = a.getStrType();
+    std::string s;
+    a.read(t, s);
+    return s;
+  }
+  if (cls == H5T_INTEGER) {
+    std::vector<int64_t> v(n);
+    if (n) a.read(H5::PredType::NATIVE_INT64, v.data());
+    if (scalar) return v.at(0);
+    return v;
+  }
+  if (cls == H5T_FLOAT) {
+    std::vector<double> v(n);
+    if (n) a.read(H5::PredType::NATIVE_DOUBLE, v.data());
+    if (scalar) return v.at(0);
+    return v;
+  }
+  fail("attribute '", a.getName(), "' has an unsupported type");
+}
+
+AttrMap read_attrs(const H5::H5Object& obj) {
+  AttrMap out;
+  const int n = obj.getNumAttrs();
+  for (int i = 0; i < n; ++i) {
+    H5::Attribute a = obj.openAttribute(static_cast<unsigned>(i));
+    out[a.getName()] = read_attr(a);
+  }
+  return out;
+}
+
+std::vector<std::string> child_names(const H5::Group& g) {
+  std::vector<std::string> out;
+  const hsize_t n = g.getNumObjs();
+  for (hsize_t i = 0; i < n; ++i) out.push_back(g.getObjnameByIdx(i));
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+H5::Group ensure_group(H5::Group& parent, const std::string& name) {
+  if (parent.nameExists(name)) return parent.openGroup(name);
+  return parent.createGroup(name);
+}
+
+void write_dataset(H5::Group& g, const std::string& name, const Dataset& ds) {
+  const std::vector<uint64_t> dims64 = ds.dims();
+  std::vector<hsize_t> dims(dims64.begin(), dims64.end());
+  uint64_t total = 1;
+  for (uint64_t d : dims64) total *= d;
+  KVLAB_CHECK(total == ds.size(), "dataset '", name, "': shape does not match its data");
+  H5::DataSpace space(int(dims.size()), dims.data());
+  H5::DSetCreatPropList props;
+  if (total > 0) {
+    // Chunk: the trailing dimensions whole as far as kChunkElements allows, leading ones 1.
+    std::vector<hsize_t> chunk(dims.size(), 1);
+    uint64_t elems = 1;
+    for (size_t i = dims.size(); i-- > 0;) {
+      chunk[i] = std::max<hsize_t>(1, std::min<hsize_t>(dims[i], kChunkElements / elems));
+      elems *= chunk[i];
+    }
+    props.setChunk(int(chunk.size()), chunk.data());
+    props.setShuffle();
+    props.setDeflate(kDeflateLevel);
+  }
+  H5::DataSet out;
+  std::visit(
+      [&](const auto& v) {
+        using T = typename std::decay_t<decltype(v)>::value_type;
+        if constexpr (std::is_same_v<T, std::string>) {
+          H5::StrType t = vlen_string_type();
+          out = g.createDataSet(name, t, space, props);
+          std::vector<const char*> ptrs;
+          for (const auto& s : v) ptrs.push_back(s.c_str());
+          if (total) out.write(ptrs.data(), t);
+        } else {
+          const H5::PredType& t = std::is_same_v<T, float>     ? H5::PredType::NATIVE_FLOAT
+                                  : std::is_same_v<T, double>  ? H5::PredType::NATIVE_DOUBLE
+                                  : std::is_same_v<T, int64_t> ? H5::PredType::NATIVE_INT64
+                                                               : H5::PredType::NATIVE_INT8;
+          out = g.createDataSet(name, t, space, props);
+          if (total) out.write(v.data(), t);
+        }
+      },
+      ds.data);
+  for (const auto& [k, a] : ds.attrs) write_attr(out, k, a);
+}
+
+Dataset read_dataset(const H5::DataSet& in) {
+  Dataset ds;
+  const H5::DataSpace space = in.getSpace();
+  const int rank = space.getSimpleExtentNdims();
+  std::vector<hsize_t> dims(rank);
+  space.getSimpleExtentDims(dims.data());
+  ds.shape.assign(dims.begin(), dims.end());
+  const size_t n = size_t(space.getSimpleExtentNpoints());
+  const H5T_class_t cls = in.getTypeClass();
+  if (cls == H5T_STRING) {
+    H5::StrType t = vlen_string_type();
+    std::vector<char*> ptrs(n, nullptr);
+    if (n) in.read(ptrs.data(), t);
+    std::vector<std::string> v(n);
+    for (size_t i = 0; i < n; ++i) v[i] = ptrs[i] ? ptrs[i] : "";
+    if (n) H5::DataSet::vlenReclaim(ptrs.data(), t, space);
+    ds.data = std::move(v);
+  } else if (cls == H5T_FLOAT) {
+    if (in.getFloatType().getSize() == 4) {
+      std::vector<float> v(n);
+      if (n) in.read(v.data(), H5::PredType::NATIVE_FLOAT);
+      ds.data = std::move(v);
+    } else {
+      std::vector<double> v(n);
+      if (n) in.read(v.data(), H5::PredType::NATIVE_DOUBLE);
+      ds.data = std::move(v);
+    }
+  } else if (cls == H5T_INTEGER) {
+    if (in.getIntType().getSize() == 1) {
+      std::vector<int8_t> v(n);
+      if (n) in.read(v.data(), H5::PredType::NATIVE_INT8);
+      ds.data = std::move(v);
+    } else {
+      std::vector<int64_t> v(n);
+      if (n) in.read(v.data(), H5::PredType::NATIVE_INT64);
+      ds.data = std::move(v);
+    }
+  } else {
+    fail("dataset '", in.getObjName(), "' has an unsupported type");
+  }
+  ds.attrs = read_attrs(in);
+  return ds;
+}
+
+bool group_complete(const H5::Group& g) {
+  if (!g.attrExists("complete")) return false;
+  const AttrValue v = read_attr(g.openAttribute("complete"));
+  const auto* i = std::get_if<int64_t>(&v);
+  return i && *i == 1;
+}
+
+}  // namespace
+
+size_t Dataset::size() const {
+  return std::visit([](const auto& v) { return v.size(); }, data);
+}
+
+std::vector<uint64_t> Dataset::dims() const {
+  if (shape.empty()) return {uint64_t(size())};
+  return shape;
+}
+
+bool is_timing_attr(const std::string& name) {
+  static const char* kTiming[] = {"start_time", "end_time", "host", "prefill_s", "decode_s",
+                                  "tokens_per_s", "prefill_tokens_per_s", "decode_tokens_per_s",
+                                  "wall_s", "git_commit", "kvlab_version", "finished_at"};
+  for (const char* t : kTiming)
+    if (name == t) return true;
+  return false;
+}
+
+ResultsFile ResultsFile::create(const fs::path& path, const AttrMap& root_attrs) {
+  return guarded(path, "creating the results file", [&] {
+    if (path.has_parent_path()) fs::create_directories(path.parent_path());
+    H5::H5File f(path.string(), H5F_ACC_TRUNC);
+    for (const auto& [k, v] : root_attrs) write_attr(f, k, v);
+    write_attr(f, "schema_version", int64_t(kResultsSchemaVersion));
+    f.createGroup("runs");
+    f.flush(H5F_SCOPE_GLOBAL);
+    return ResultsFile(path);
+  });
+}
+
+ResultsFile ResultsFile::open(const fs::path& path) {
+  if (!fs::exists(path)) fail(path.string(), ": results file not found");
+  return guarded(path, "opening the results file", [&] {
+    if (!H5::H5File::isHdf5(path.string())) fail(path.string(), ": not an HDF5 file");
+    H5::H5File f(path.string(), H5F_ACC_RDONLY);
+    if (!f.attrExists("schema_version") || !f.nameExists("runs"))
+      fail(path.string(), ": not a kvlab results file (no schema_version attribute or /runs group)");
+    const AttrValue v = read_attr(f.openAttribute("schema_version"));
+    const auto* version = std::get_if<int64_t>(&v);
+    if (!version || *version > kResultsSchemaVersion)
+      fail(path.string(), ": results schema version ", version ? *version : -1,
+           " is newer than this kvlab understands (", kResultsSchemaVersion, ")");
+    return ResultsFile(path);
+  });
+}
+
+AttrMap ResultsFile::root_attrs() const {
+  return guarded(path_, "reading root attributes", [&] {
+    H5::H5File f(path_.string(), H5F_ACC_RDONLY);
+    return read_attrs(f);
+  });
+}
+
+void ResultsFile::set_root_attr(const std::string& name, const AttrValue& value) {
+  guarded(path_, "writing root attribute " + name, [&] {
+    H5::H5File f(path_.string(), H5F_ACC_RDWR);
+    write_attr(f, name, value);
+    f.flush(H5F_SCOPE_GLOBAL);
+  });
+}
+
+void ResultsFile::ensure_run(const std::string& run, const AttrMap& attrs) {
+  guarded(path_, "creating run group " + run, [&] {
+    H5::H5File f(path_.string(), H5F_ACC_RDWR);
+    H5::Group runs = f.openGroup("runs");
+    if (runs.nameExists(run)) return;
+    H5::Group g = runs.createGroup(run);
+    for (const auto& [k, v] : attrs) write_attr(g, k, v);
+    g.createGroup("cells");
+    f.flush(H5F_SCOPE_GLOBAL);
+  });
+}
+
+std::vector<std::string> ResultsFile::runs() const {
+  return guarded(path_, "listing runs", [&] {
+    H5::H5File f(path_.string(), H5F_ACC_RDONLY);
+    return child_names(f.openGroup("runs"));
+  });
+}
+
+AttrMap ResultsFile::run_attrs(const std::string& run) const {
+  return guarded(path_, "reading run " + run, [&] {
+    H5::H5File f(path_.string(), H5F_ACC_RDONLY);
+    return read_attrs(f.openGroup("runs/" + run));
+  });
+}
+
+std::vector<std::string> ResultsFile::complete_cells(const std::string& run) const {
+  return guarded(path_, "listing cells of run " + run, [&] {
+    H5::H5File f(path_.string(), H5F_ACC_RDONLY);
+    std::vector<std::string> out;
+    const std::string cells_path = "runs/" + run + "/cells";
+    if (!f.nameExists("runs/" + run) || !f.nameExists(cells_path)) return out;
+    H5::Group cells = f.openGroup(cells_path);
+    for (const auto& name : child_names(cells))
+      if (group_complete(cells.openGroup(name))) out.push_back(name);
+    return out;
+  });
+}
+
+bool ResultsFile::cell_complete(const std::string& run, const std::string& cell) const {
+  return guarded(path_, "reading cell " + run + "/" + cell, [&] {
+    H5::H5File f(path_.string(), H5F_ACC_RDONLY);
+    const std::string p = "runs/" + run + "/cells/" + cell;
+    return f.nameExists("runs/" + run) && f.nameExists("runs/" + run + "/cells") &&
+           f.nameExists(p) && group_complete(f.openGroup(p));
+  });
+}
+
+int ResultsFile::delete_incomplete_cells() {
+  return guarded(path_, "deleting interrupted cells", [&] {
+    H5::H5File f(path_.string(), H5F_ACC_RDWR);
+    H5::Group runs = f.openGroup("runs");
+    int deleted = 0;
+    for (const auto& run : child_names(runs)) {
+      H5::Group r = runs.openGroup(run);
+      if (!r.nameExists("cells")) continue;
+      H5::Group cells = r.openGroup("cells");
+      for (const auto& name : child_names(cells))
+        if (!group_complete(cells.openGroup(name))) {
+          cells.unlink(name);
+          ++deleted;
+        }
+    }
+    f.flush(H5F_SCOPE_GLOBAL);
+    return deleted;
+  });
+}
+
+void ResultsFile::write_cell(const std::string& run, const std::string& cell, const CellRecord& record) {
+  guarded(path_, "writing cell " + run + "/" + cell, [&] {
+    H5::H5File f(path_.string(), H5F_ACC_RDWR);
+    H5::Group runs = f.openGroup("runs");
+    H5::Group r = ensure_group(runs, run);
+    H5::Group cells = ensure_group(r, "cells");
+    if (cells.nameExists(cell)) {
+      if (group_complete(cells.openGroup(cell)))
+        fail(path_.string(), ": cell ", run, "/", cell, " is already complete");
+      cells.unlink(cell);
+    }
+    H5::Group g = cells.createGroup(cell);
+    for (const auto& [name, ds] : record.datasets) write_dataset(g, name, ds);
+    for (const auto& [k, v] : record.attrs)
+      if (k != "complete") write_attr(g, k, v);
+    f.flush(H5F_SCOPE_GLOBAL);  // data first ...
+    write_attr(g, "complete", int64_t(1));
+    f.flush(H5F_SCOPE_GLOBAL);  // ... then the mark that says it is all there
+  });
+}
+
+CellRecord ResultsFile::read_cell(const std::string& run, const std::string& cell) const {
+  return guarded(path_, "reading cell " + run + "/" + cell, [&] {
+    H5::H5File f(path_.string(), H5F_ACC_RDONLY);
+    const std::string p = "runs/" + run + "/cells/" + cell;
+    if (!f.nameExists("runs/" + run) || !f.nameExists("runs/" + run + "/cells") || !f.nameExists(p))
+      fail(path_.string(), ": no cell ", run, "/", cell);
+    H5::Group g = f.openGroup(p);
+    CellRecord rec;
+    rec.attrs = read_attrs(g);
+    for (const auto& name : child_names(g)) rec.datasets[name] = read_dataset(g.openDataSet(name));
+    return rec;
+  });
+}
+
+void ResultsFile::write_summary(const std::string& run, const std::string& group,
+                                const std::map<std::string, Dataset>& datasets, const AttrMap& attrs) {
+  guarded(path_, "writing summary " + run + "/" + group, [&] {
+    H5::H5File f(path_.string(), H5F_ACC_RDWR);
+    H5::Group runs = f.openGroup("runs");
+    H5::Group r = ensure_group(runs, run);
+    if (r.nameExists(group)) r.unlink(group);
+    H5::Group g = r.createGroup(group);
+    for (const auto& [name, ds] : datasets) write_dataset(g, name, ds);
+    for (const auto& [k, v] : attrs) write_attr(g, k, v);
+    f.flush(H5F_SCOPE_GLOBAL);
+  });
+}
+
+std::map<std::string, Dataset> ResultsFile::read_summary(const std::string& run, const std::string& group,
+                                                         AttrMap* attrs) const {
+  return guarded(path_, "reading summary " + run + "/" + group, [&] {
+    H5::H5File f(path_.string(), H5F_ACC_RDONLY);
+    const std::string p = "runs/" + run + "/" + group;
+    std::map<std::string, Dataset> out;
+    if (!f.nameExists("runs/" + run) || !f.nameExists(p)) return out;
+    H5::Group g = f.openGroup(p);
+    if (attrs) *attrs = read_attrs(g);
+    for (const auto& name : child_names(g)) out[name] = read_dataset(g.openDataSet(name));
+    return out;
+  });
+}
+
+std::string utc_now_iso8601() {
+  const std::time_t t = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+std::string host_name() {
+  char buf[256] = {0};
+  if (gethostname(buf, sizeof buf - 1) != 0) return "unknown";
+  return buf;
+}
+
+}  // namespace kvlab

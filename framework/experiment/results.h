@@ -1,0 +1,98 @@
+// The HDF5 results file (schema: docs/results_schema.md, version kResultsSchemaVersion).
+//
+//   /                          attributes: schema_version, kvlab_version, git_commit, experiment
+//                              (YAML text), name, start_time, end_time, host, model_*, tokenizer,
+//                              seeds, cells_total
+//   /runs/RUN                  attributes: policy_name, policy_type, param.KEY (typed), params
+//   /runs/RUN/cells/CELL       one finished unit of work: attributes + datasets; the attribute
+//                              complete = 1 is written LAST, so a group without it is a cell that
+//                              was interrupted (deleted on resume, skipped by readers and merge)
+//   /runs/RUN/niah, /runs/RUN/perplexity   summaries assembled from the complete cells
+//
+// Crash safety: the writer opens the file, writes one cell, flushes (H5Fflush) and closes it
+// again, so between cells the file on disk is always a valid HDF5 file and a SIGKILL can only
+// hit the few milliseconds of a cell write. The default (oldest-compatible) file format is used:
+// it has no "file open for writing" flag that would make a killed file unreadable.
+//
+// This layer is generic: a cell is a set of named attributes and N-d datasets (CellRecord), so
+// merge, resume and the tests compare records without knowing what the evals store.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+namespace kvlab {
+
+inline constexpr int kResultsSchemaVersion = 1;
+
+using AttrValue = std::variant<int64_t, double, std::string, std::vector<int64_t>, std::vector<double>>;
+using AttrMap = std::map<std::string, AttrValue>;
+
+// An N-d dataset in row-major order; shape empty = 1-d of data's size.
+struct Dataset {
+  std::variant<std::vector<float>, std::vector<double>, std::vector<int64_t>, std::vector<int8_t>,
+               std::vector<std::string>>
+      data;
+  std::vector<uint64_t> shape;
+  AttrMap attrs;
+  size_t size() const;
+  std::vector<uint64_t> dims() const;  // shape, or {size()} when shape is empty
+};
+
+struct CellRecord {
+  AttrMap attrs;
+  std::map<std::string, Dataset> datasets;
+};
+
+// Names of attributes that measure time or the machine; equal runs differ only in these.
+bool is_timing_attr(const std::string& name);
+
+class ResultsFile {
+ public:
+  // Creates (truncating) a file and writes the root attributes.
+  static ResultsFile create(const std::filesystem::path& path, const AttrMap& root_attrs);
+  // Opens an existing file for reading and appending. Throws naming the path when it is not a
+  // kvlab results file or its schema version is newer than this build's.
+  static ResultsFile open(const std::filesystem::path& path);
+
+  const std::filesystem::path& path() const { return path_; }
+
+  AttrMap root_attrs() const;
+  void set_root_attr(const std::string& name, const AttrValue& value);
+
+  // Creates /runs/RUN with its attributes, when absent.
+  void ensure_run(const std::string& run, const AttrMap& attrs);
+  std::vector<std::string> runs() const;
+  AttrMap run_attrs(const std::string& run) const;
+
+  // Cells whose complete attribute is set (sorted by name).
+  std::vector<std::string> complete_cells(const std::string& run) const;
+  bool cell_complete(const std::string& run, const std::string& cell) const;
+  // Deletes every cell group of every run that lacks complete = 1; returns how many.
+  int delete_incomplete_cells();
+  // Writes one cell (replacing an incomplete group of the same name), sets complete = 1 last,
+  // then flushes. Throws if a complete cell of that name exists.
+  void write_cell(const std::string& run, const std::string& cell, const CellRecord& record);
+  CellRecord read_cell(const std::string& run, const std::string& cell) const;
+
+  // Summary groups: /runs/RUN/GROUP/NAME datasets (replaced when present).
+  void write_summary(const std::string& run, const std::string& group,
+                     const std::map<std::string, Dataset>& datasets, const AttrMap& attrs);
+  std::map<std::string, Dataset> read_summary(const std::string& run, const std::string& group,
+                                              AttrMap* attrs = nullptr) const;
+
+ private:
+  explicit ResultsFile(std::filesystem::path path) : path_(std::move(path)) {}
+  std::filesystem::path path_;
+};
+
+// Current UTC time as ISO 8601 ("2026-11-30T18:02:54Z") and the host name.
+std::string utc_now_iso8601();
+std::string host_name();
+
+}  // namespace kvlab
