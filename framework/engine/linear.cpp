@@ -4,6 +4,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 
@@ -182,60 +183,65 @@ void matvec_rows(const Matrix& w, const float* x, int64_t n, float* y, int64_t r
 }
 
 void sgemm_xwt(const float* x, int64_t n, const float* w, int64_t rows, int64_t cols, float* y,
-               int64_t ldy, int n_threads) {
-  static thread_local int current_threads = -1;
-  if (current_threads != n_threads) {
-    openblas_set_num_threads(n_threads);
-    current_threads = n_threads;
-  }
+               int64_t ldy, int blas_threads) {
+  static std::atomic<int> current_threads{-1};
+  if (current_threads.exchange(blas_threads) != blas_threads) openblas_set_num_threads(blas_threads);
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(n), static_cast<int>(rows),
               static_cast<int>(cols), 1.f, x, static_cast<int>(cols), w, static_cast<int>(cols), 0.f,
               y, static_cast<int>(ldy));
 }
 
-void linear(ThreadPool& pool, const float* x, int64_t n, std::initializer_list<LinearJob> jobs,
-            std::vector<float>& scratch) {
-  for (const LinearJob& j : jobs) check_matrix(j.w);
+namespace {
+
+// y[:, r0:r1] of one job for all n tokens: matvec or sgemm on this thread.
+void linear_slice(const LinearJob& j, const float* x, int64_t n, int64_t r0, int64_t r1,
+                  std::vector<float>& panel) {
   if (n < kGemmMinTokens) {
-    // Rows of every job, in units of 4 rows, split evenly across threads in one pass.
-    constexpr int64_t kUnit = 4;
-    std::vector<int64_t> unit_begin{0};
-    for (const LinearJob& j : jobs) unit_begin.push_back(unit_begin.back() + (j.w.rows + kUnit - 1) / kUnit);
-    const LinearJob* job_list = jobs.begin();
-    pool.parallel_for(unit_begin.back(), [&](int64_t u0, int64_t u1, int) {
-      for (size_t k = 0; k + 1 < unit_begin.size(); ++k) {
-        const int64_t lo = std::max(u0, unit_begin[k]), hi = std::min(u1, unit_begin[k + 1]);
-        if (lo >= hi) continue;
-        const LinearJob& j = job_list[k];
-        const int64_t r0 = (lo - unit_begin[k]) * kUnit;
-        const int64_t r1 = std::min(j.w.rows, (hi - unit_begin[k]) * kUnit);
-        matvec_rows(j.w, x, n, j.y, r0, r1);
-        if (j.bias)
-          for (int64_t t = 0; t < n; ++t)
-            for (int64_t r = r0; r < r1; ++r) j.y[t * j.w.rows + r] += j.bias[r];
-      }
-    });
-    return;
-  }
-  for (const LinearJob& j : jobs) {
-    if (j.w.type == DType::kF32) {
-      sgemm_xwt(x, n, static_cast<const float*>(j.w.data), j.w.rows, j.w.cols, j.y, j.w.rows, pool.size());
-    } else {
-      // Panels of rows dequantized in parallel, then one multi-threaded sgemm each.
-      const int64_t panel_rows = std::max<int64_t>(64, (int64_t{1} << 20) / std::max<int64_t>(1, j.w.cols));
-      scratch.resize(static_cast<size_t>(std::min(panel_rows, j.w.rows) * j.w.cols));
-      for (int64_t p0 = 0; p0 < j.w.rows; p0 += panel_rows) {
-        const int64_t p1 = std::min(j.w.rows, p0 + panel_rows);
-        pool.parallel_for(p1 - p0, [&](int64_t a, int64_t b, int) {
-          dequantize_rows(j.w, p0 + a, p0 + b, scratch.data() + a * j.w.cols);
-        });
-        sgemm_xwt(x, n, scratch.data(), p1 - p0, j.w.cols, j.y + p0, j.w.rows, pool.size());
-      }
+    matvec_rows(j.w, x, n, j.y, r0, r1);
+  } else if (j.w.type == DType::kF32) {
+    sgemm_xwt(x, n, reinterpret_cast<const float*>(j.w.row(r0)), r1 - r0, j.w.cols, j.y + r0,
+              j.w.rows, 1);
+  } else {
+    // ~256 KiB panels: dequantized once, then used by all n tokens while in L2
+    const int64_t panel_rows = std::max<int64_t>(16, (int64_t{1} << 16) / std::max<int64_t>(1, j.w.cols));
+    panel.resize(static_cast<size_t>(panel_rows * j.w.cols));
+    for (int64_t p0 = r0; p0 < r1; p0 += panel_rows) {
+      const int64_t p1 = std::min(r1, p0 + panel_rows);
+      dequantize_rows(j.w, p0, p1, panel.data());
+      sgemm_xwt(x, n, panel.data(), p1 - p0, j.w.cols, j.y + p0, j.w.rows, 1);
     }
-    if (j.bias)
-      for (int64_t t = 0; t < n; ++t)
-        for (int64_t r = 0; r < j.w.rows; ++r) j.y[t * j.w.rows + r] += j.bias[r];
   }
+  if (j.bias)
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t r = r0; r < r1; ++r) j.y[t * j.w.rows + r] += j.bias[r];
+}
+
+}  // namespace
+
+void linear(ThreadPool& pool, const float* x, int64_t n, std::initializer_list<LinearJob> jobs,
+            LinearScratch& scratch) {
+  for (const LinearJob& j : jobs) check_matrix(j.w);
+  // Rows of every job, in units of 4 rows (16 for gemm: whole SIMD tiles per thread), split
+  // evenly across threads in one pass.
+  const int64_t unit = n < kGemmMinTokens ? 4 : 16;
+  int64_t unit_begin[8];
+  const size_t n_jobs = jobs.size();
+  KVLAB_CHECK(n_jobs < 8, "at most 7 fused linear jobs");
+  unit_begin[0] = 0;
+  for (size_t k = 0; k < n_jobs; ++k)
+    unit_begin[k + 1] = unit_begin[k] + (jobs.begin()[k].w.rows + unit - 1) / unit;
+  if (static_cast<int>(scratch.panels.size()) < pool.size()) scratch.panels.resize(pool.size());
+  const LinearJob* job_list = jobs.begin();
+  pool.parallel_for(unit_begin[n_jobs], [&](int64_t u0, int64_t u1, int thread) {
+    for (size_t k = 0; k < n_jobs; ++k) {
+      const int64_t lo = std::max(u0, unit_begin[k]), hi = std::min(u1, unit_begin[k + 1]);
+      if (lo >= hi) continue;
+      const LinearJob& j = job_list[k];
+      const int64_t r0 = (lo - unit_begin[k]) * unit;
+      const int64_t r1 = std::min(j.w.rows, (hi - unit_begin[k]) * unit);
+      linear_slice(j, x, n, r0, r1, scratch.panels[thread]);
+    }
+  });
 }
 
 }  // namespace kvlab

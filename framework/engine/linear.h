@@ -10,8 +10,10 @@
 //   converted to fp32 in registers (fp16: vcvtph2ps; bf16: shift into the high half; q8_0:
 //   int8 -> fp32 times the block scale). Memory-bound, so it streams each weight byte once per
 //   call and needs many independent accumulators to keep up with DRAM.
-// - gemm (prefill, n >= kGemmMinTokens): OpenBLAS sgemm. Non-fp32 weights are dequantized one
-//   panel of rows at a time into a small fp32 buffer that stays in cache.
+// - gemm (prefill, n >= kGemmMinTokens): OpenBLAS sgemm, one single-threaded call per pool
+//   thread on its own slice of the output features (one thread runtime: see thread_pool.h).
+//   Non-fp32 weights are dequantized one panel of rows at a time into a per-thread fp32 buffer
+//   that stays in cache.
 // Row ranges let a thread pool split one matrix (or several sharing x) across threads.
 //
 // Q8_0 is GGML's layout (BlockQ8_0): each row is cols/32 blocks of { fp16 scale d; int8 q[32] },
@@ -61,14 +63,19 @@ struct LinearJob {
   const float* bias = nullptr;
 };
 
-// Runs every job on the same input x[n, cols] with the pool: matvec for n < kGemmMinTokens
-// (rows of all jobs split evenly across threads in one parallel pass), else sgemm per job with
-// `pool.size()` BLAS threads. `scratch` is reused for dequantized panels.
-void linear(ThreadPool& pool, const float* x, int64_t n, std::initializer_list<LinearJob> jobs,
-            std::vector<float>& scratch);
+// Per-thread buffers for dequantized weight panels (gemm path), reused across calls.
+struct LinearScratch {
+  std::vector<std::vector<float>> panels;  // [thread][panel_rows * cols]
+};
 
-// Raw sgemm helper: y[n, rows] = x[n, cols] @ W^T with W fp32 row-major [rows, cols] and ldy.
+// Runs every job on the same input x[n, cols] with the pool, in one parallel pass: the rows of
+// all jobs are split evenly across threads; matvec for n < kGemmMinTokens, else sgemm.
+void linear(ThreadPool& pool, const float* x, int64_t n, std::initializer_list<LinearJob> jobs,
+            LinearScratch& scratch);
+
+// Raw sgemm: y[n, rows] (row stride ldy) = x[n, cols] @ W^T, W fp32 row-major [rows, cols], on
+// `blas_threads` OpenBLAS threads (1 inside a pool job).
 void sgemm_xwt(const float* x, int64_t n, const float* w, int64_t rows, int64_t cols, float* y,
-               int64_t ldy, int n_threads);
+               int64_t ldy, int blas_threads);
 
 }  // namespace kvlab

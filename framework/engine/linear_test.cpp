@@ -100,7 +100,7 @@ TEST_P(LinearTypes, FusedJobsMatchReferenceForMatvecAndGemm) {
       auto bias = random_vec(9, rng);
       auto x = random_vec(n * cols, rng);
       std::vector<float> ya(n * 23, NAN), yb(n * 9, NAN), wa(n * 23), wb(n * 9);
-      std::vector<float> scratch;
+      LinearScratch scratch;
       linear(pool, x.data(), n, {{a.m, ya.data(), nullptr}, {b.m, yb.data(), bias.data()}}, scratch);
       linear_reference(a.m, x.data(), n, wa.data(), 0, 23);
       linear_reference(b.m, x.data(), n, wb.data(), 0, 9);
@@ -126,7 +126,8 @@ INSTANTIATE_TEST_SUITE_P(AllTypes, LinearTypes,
 TEST(Linear, Q8RejectsColsNotMultipleOf32) {
   ThreadPool pool(1);
   std::vector<uint8_t> bytes(64);
-  std::vector<float> x(40), y(1), scratch;
+  std::vector<float> x(40), y(1);
+  LinearScratch scratch;
   EXPECT_THROW(linear(pool, x.data(), 1, {{Matrix{DType::kQ8_0, 1, 40, bytes.data()}, y.data(), nullptr}}, scratch),
                Error);
 }

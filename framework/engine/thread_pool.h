@@ -1,32 +1,29 @@
-// A small fork-join thread pool for the forward pass.
+// The engine's fork-join parallelism, on OpenMP.
 //
-// Contract: `ThreadPool pool(n)` owns n - 1 worker threads; the calling thread is thread 0 and
-// takes part in every job, so a pool of 1 runs everything inline. `run(fn)` calls fn(thread)
-// once on each of the n threads and returns when all have finished. `parallel_for` splits
-// [0, n_tasks) into n contiguous, near-equal ranges (thread t gets [t*n_tasks/n,
-// (t+1)*n_tasks/n)): static, so which thread computes which rows never changes between calls
-// (reproducible results, and each thread streams its own contiguous part of a weight matrix).
+// Contract: `ThreadPool pool(n)` runs jobs on n threads; the calling thread is thread 0 and
+// takes part, so a pool of 1 runs everything inline. `run(fn)` calls fn(thread) once on each of
+// the n threads and returns when all have finished. `parallel_for` splits [0, n_tasks) into n
+// contiguous, near-equal ranges (thread t gets [t*n_tasks/n, (t+1)*n_tasks/n)): static, so which
+// thread computes which rows never changes between calls (reproducible results, and each thread
+// streams its own contiguous part of a weight matrix).
 //
-// Decode issues a few jobs per layer, microseconds apart, so workers spin briefly (with pause)
-// before sleeping on an atomic wait; during an OpenBLAS call they fall asleep and leave the
-// cores to BLAS. Jobs must not throw (the kernels do not); a pool runs one job at a time.
+// Why OpenMP and not our own threads: the attention kernels (kernels/cpu) parallelise with
+// OpenMP, and decode alternates dense layers and attention every few microseconds. One team of
+// threads for both keeps them from fighting over the cores (two spinning runtimes on 2 cores
+// halve the speed); OpenMP's hot team spins briefly between regions, which decode needs.
+// BLAS calls are made from inside these regions single-threaded (linear.cpp), for the same reason.
+// Jobs must not throw; a pool runs one job at a time and is not re-entrant.
 #pragma once
 
-#include <atomic>
 #include <cstdint>
 #include <functional>
-#include <thread>
-#include <vector>
 
 namespace kvlab {
 
 class ThreadPool {
  public:
-  // n_threads <= 0: std::thread::hardware_concurrency().
+  // n_threads <= 0: every core (omp_get_num_procs()).
   explicit ThreadPool(int n_threads);
-  ~ThreadPool();
-  ThreadPool(const ThreadPool&) = delete;
-  ThreadPool& operator=(const ThreadPool&) = delete;
 
   int size() const { return n_threads_; }
 
@@ -43,14 +40,7 @@ class ThreadPool {
   }
 
  private:
-  void worker_loop(int thread);
-
   int n_threads_ = 1;
-  std::vector<std::thread> workers_;
-  const std::function<void(int)>* job_ = nullptr;
-  std::atomic<uint32_t> generation_{0};  // bumped once per job; workers wait on it
-  std::atomic<int> pending_{0};          // workers still running the current job
-  std::atomic<bool> stop_{false};
 };
 
 }  // namespace kvlab
