@@ -46,4 +46,18 @@ struct FixedMask {
   }
 };
 
+// Causal mask with an optional sliding window and attention sinks (the decode and prefill
+// kernels' one runtime mask): allow(i, j) = j <= i and (window <= 0 or the window test of
+// SlidingWindowMask or j < sinks). window = 0 is plain causal attention.
+struct WindowSinkMask {
+  int64_t window = 0;
+  int64_t sinks = 0;
+  bool plus_one = false;
+  KVLAB_HD bool operator()(int64_t i, int64_t j) const {
+    if (j > i) return false;
+    if (window <= 0 || j < sinks) return true;
+    return plus_one ? i - j <= window : i - j < window;
+  }
+};
+
 }  // namespace kvlab

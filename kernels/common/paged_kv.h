@@ -42,6 +42,14 @@ struct PagedKvView {
   KVLAB_HD size_t slot_offset(int b, int slot, int head_idx) const {
     return offset(indices[indptr[b] + slot / page_size], head_idx, slot % page_size, 0);
   }
+  // Offset of (page, head, entry) in per-slot metadata paged like the keys but without the
+  // feature axis (positions, key statistics): [num_pages, num_kv_heads, page_size].
+  KVLAB_HD size_t meta_offset(int page_idx, int head_idx, int entry_idx) const {
+    return (static_cast<size_t>(page_idx) * num_kv_heads + head_idx) * page_size + entry_idx;
+  }
+  KVLAB_HD size_t slot_meta_offset(int b, int slot, int head_idx) const {
+    return meta_offset(indices[indptr[b] + slot / page_size], head_idx, slot % page_size);
+  }
   KVLAB_HD size_t page_elems() const {
     return static_cast<size_t>(num_kv_heads) * page_size * head_dim;
   }

@@ -1,0 +1,105 @@
+// Which keys a query reads, as data the CPU reference and the CUDA kernels share: per list
+// (one list per (request, KV head) in decode and prefill) a sorted set of disjoint slot ranges,
+// in the indptr form of the page table (FlashInfer's paged_kv_t). A page selection is the
+// special case where every range is a whole page ([p * page_size, (p + 1) * page_size)).
+//
+// Kernels walk the n-th selected key of a list: `slot_of(list, n)`, n in [0, count(list)).
+// key_offset[r] = number of selected keys in the ranges before r in the same list (exclusive
+// prefix sum, built once per step by `build_key_offsets`), so finding the range of key n is a
+// binary search: the last r in the list with key_offset[r] <= n.
+//
+// The split (FlashDecoding) of a list's selected keys into pieces of keys_per_split keys:
+// split s reads selected keys [s * keys_per_split, min(count, (s + 1) * keys_per_split)).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "kernels/common/host_device.h"
+
+namespace kvlab {
+
+// Half-open slot range [begin, end); same layout as the policy's SlotRange (two int32).
+struct KeyRange {
+  int32_t begin = 0;
+  int32_t end = 0;
+};
+
+struct KeySelectionView {
+  const int32_t* indptr = nullptr;      // [n_lists + 1] into ranges; nullptr = every slot
+  const KeyRange* ranges = nullptr;     // [indptr[n_lists]] sorted, disjoint per list
+  const int32_t* key_offset = nullptr;  // [indptr[n_lists]] exclusive prefix of range lengths
+
+  KVLAB_HD bool all() const { return indptr == nullptr; }
+
+  // Selected keys of `list`; `n_slots` is the list's slot count, used when all().
+  KVLAB_HD int count(int list, int n_slots) const {
+    if (all()) return n_slots;
+    const int r0 = indptr[list], r1 = indptr[list + 1];
+    if (r0 == r1) return 0;
+    return key_offset[r1 - 1] + (ranges[r1 - 1].end - ranges[r1 - 1].begin);
+  }
+
+  // Slot of the n-th selected key of `list` (0 <= n < count).
+  KVLAB_HD int slot_of(int list, int n) const {
+    if (all()) return n;
+    int lo = indptr[list], hi = indptr[list + 1] - 1;  // invariant: key_offset[lo] <= n
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) >> 1;
+      if (key_offset[mid] <= n) {
+        lo = mid;
+      } else {
+        hi = mid - 1;
+      }
+    }
+    return ranges[lo].begin + (n - key_offset[lo]);
+  }
+};
+
+// Host: key_offset for every range (restarting at 0 at each list).
+inline std::vector<int32_t> build_key_offsets(const std::vector<int32_t>& indptr,
+                                              const std::vector<KeyRange>& ranges) {
+  std::vector<int32_t> offsets(ranges.size(), 0);
+  for (size_t list = 0; list + 1 < indptr.size(); ++list) {
+    int32_t acc = 0;
+    for (int32_t r = indptr[list]; r < indptr[list + 1]; ++r) {
+      offsets[r] = acc;
+      acc += ranges[r].end - ranges[r].begin;
+    }
+  }
+  return offsets;
+}
+
+// [begin, end) of the selected keys that split `split` reads; empty when past the end.
+struct KeySpan {
+  int begin = 0;
+  int end = 0;
+};
+KVLAB_HD KeySpan split_span(int count, int keys_per_split, int split) {
+  const int b = split * keys_per_split;
+  const int e = b + keys_per_split;
+  KeySpan s;
+  s.begin = b < count ? b : count;
+  s.end = e < count ? e : count;
+  return s;
+}
+
+// Host plan of a split-K launch: enough pieces to fill the device (at least `min_ctas` work
+// items over n_lists lists), each a multiple of `tile_keys` and at least `min_keys_per_split`
+// keys long, so the merge stays cheap. Returns keys_per_split (>= tile_keys).
+inline int choose_keys_per_split(int max_count, int n_lists, int min_ctas, int tile_keys,
+                                 int min_keys_per_split) {
+  if (max_count <= 0 || n_lists <= 0) return tile_keys;
+  const int splits_wanted = (min_ctas + n_lists - 1) / n_lists;
+  int per = (max_count + splits_wanted - 1) / splits_wanted;
+  if (per < min_keys_per_split) per = min_keys_per_split;
+  per = (per + tile_keys - 1) / tile_keys * tile_keys;
+  return per;
+}
+
+inline int num_splits_for(int max_count, int keys_per_split) {
+  return max_count <= 0 ? 1 : (max_count + keys_per_split - 1) / keys_per_split;
+}
+
+}  // namespace kvlab
