@@ -13,6 +13,7 @@ namespace kvlab::cli {
 // Each command is defined in its own cmd_<name>.cpp.
 // Declarations: int run_NAME(const std::vector<std::string>& args); one per command file.
 // Add yours here and a row to kCommands below.
+int run_tokenize(const std::vector<std::string>& args);
 }  // namespace kvlab::cli
 
 namespace {
@@ -21,6 +22,7 @@ using kvlab::cli::Command;
 
 constexpr Command kCommands[] = {
     // {"name", "summary", &kvlab::cli::run_name},
+    {"tokenize", "encode stdin with a tokenizer and print the ids (or pieces)", &kvlab::cli::run_tokenize},
 };
 
 void print_usage(std::FILE* out) {

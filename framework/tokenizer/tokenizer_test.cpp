@@ -1,0 +1,342 @@
+// Self-contained tokenizer tests (no ../shared): UTF-8 helpers, a hand-made SentencePiece
+// vocabulary run through the ModelProto bridge, a hand-made byte-level BPE tokenizer.json,
+// streaming decode, and clear errors for missing, truncated and malformed files.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "framework/core/error.h"
+#include "framework/tokenizer/byte_level.h"
+#include "framework/tokenizer/llama2c_vocab.h"
+#include "framework/tokenizer/sentencepiece_tokenizer.h"
+#include "framework/tokenizer/spm_model_proto.h"
+#include "framework/tokenizer/tokenizer.h"
+#include "framework/tokenizer/utf8.h"
+
+namespace kvlab {
+namespace {
+
+namespace fs = std::filesystem;
+
+fs::path temp_dir() {
+  const fs::path dir = fs::path(KVLAB_BINARY_DIR) / "tokenizer_test_tmp" /
+                       ::testing::UnitTest::GetInstance()->current_test_info()->name();
+  fs::create_directories(dir);
+  return dir;
+}
+
+void write_file(const fs::path& path, const std::string& bytes) {
+  std::ofstream(path, std::ios::binary) << bytes;
+}
+
+// Expects `body` to throw kvlab::Error whose message names `file` and contains `problem`.
+template <class F>
+void expect_error(F body, const fs::path& file, const std::string& problem) {
+  try {
+    body();
+    ADD_FAILURE() << "no error for " << file;
+  } catch (const Error& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find(file.string()), std::string::npos) << message;
+    EXPECT_NE(message.find(problem), std::string::npos) << message;
+  }
+}
+
+std::string stream_all(const Tokenizer& tok, const std::vector<int32_t>& ids, std::vector<std::string>* parts) {
+  StreamDecoder stream(tok);
+  std::string out;
+  for (const int32_t id : ids) {
+    parts->push_back(stream.push(id));
+    out += parts->back();
+  }
+  parts->push_back(stream.flush());
+  return out + parts->back();
+}
+
+// --- UTF-8 -------------------------------------------------------------------------------------
+
+TEST(Utf8, CharLengthAcceptsOnlyWellFormedSequences) {
+  EXPECT_EQ(utf8::char_length("a", 0), 1u);
+  EXPECT_EQ(utf8::char_length("\xC3\xA9", 0), 2u);          // é
+  EXPECT_EQ(utf8::char_length("\xE4\xB8\xAD", 0), 3u);      // 中
+  EXPECT_EQ(utf8::char_length("\xF0\x9F\x98\x80", 0), 4u);  // 😀
+  EXPECT_EQ(utf8::char_length("\x80", 0), 0u);              // lone continuation
+  EXPECT_EQ(utf8::char_length("\xC0\xAF", 0), 0u);          // overlong
+  EXPECT_EQ(utf8::char_length("\xED\xA0\x80", 0), 0u);      // surrogate
+  EXPECT_EQ(utf8::char_length("\xF4\x90\x80\x80", 0), 0u);  // above U+10FFFF
+  EXPECT_EQ(utf8::char_length("\xE4\xB8", 0), 0u);          // cut
+  EXPECT_EQ(utf8::char_length("\xFF", 0), 0u);
+}
+
+TEST(Utf8, CompletePrefixHoldsBackOnlyAnUnfinishedLastCharacter) {
+  EXPECT_EQ(utf8::complete_prefix_length(""), 0u);
+  EXPECT_EQ(utf8::complete_prefix_length("ab"), 2u);
+  EXPECT_EQ(utf8::complete_prefix_length("ab\xF0"), 2u);
+  EXPECT_EQ(utf8::complete_prefix_length("ab\xF0\x9F"), 2u);
+  EXPECT_EQ(utf8::complete_prefix_length("ab\xF0\x9F\x98"), 2u);
+  EXPECT_EQ(utf8::complete_prefix_length("ab\xF0\x9F\x98\x80"), 6u);
+  EXPECT_EQ(utf8::complete_prefix_length("ab\xFF"), 3u);      // never valid: passed through
+  EXPECT_EQ(utf8::complete_prefix_length("ab\xF0" "a"), 4u);  // broken already: passed through
+  EXPECT_EQ(utf8::complete_prefix_length("\x80\x80"), 2u);
+}
+
+TEST(ByteLevel, MapsEveryByteToOneCharacterAndBack) {
+  std::string all;
+  for (int b = 0; b < 256; ++b) all += static_cast<char>(b);
+  const std::string spelled = byte_level::encode(all);
+  std::string back;
+  ASSERT_TRUE(byte_level::decode(spelled, &back));
+  EXPECT_EQ(back, all);
+  EXPECT_EQ(byte_level::encode(" "), "\xC4\xA0");  // Ġ
+  EXPECT_EQ(byte_level::encode("\n"), "\xC4\x8A");  // Ċ
+  EXPECT_EQ(byte_level::encode("A"), "A");
+  std::string ignored;
+  EXPECT_FALSE(byte_level::decode("\xE4\xB8\xAD", &ignored));  // 中 is not in the alphabet
+}
+
+// --- SentencePiece through a hand-made ModelProto -------------------------------------------------
+
+// <unk> <s> </s>, the 256 byte pieces, then a few pieces whose scores set the BPE merge order.
+SpmVocab tiny_spm_vocab() {
+  SpmVocab v;
+  const auto add = [&](std::string piece, float score, SpmPieceType type) {
+    v.pieces.push_back(std::move(piece));
+    v.scores.push_back(score);
+    v.types.push_back(type);
+  };
+  add("<unk>", 0, SpmPieceType::kUnknown);
+  add("<s>", 0, SpmPieceType::kControl);
+  add("</s>", 0, SpmPieceType::kControl);
+  for (int b = 0; b < 256; ++b) {
+    char hex[8];
+    std::snprintf(hex, sizeof hex, "<0x%02X>", b);
+    add(hex, 0, SpmPieceType::kByte);
+  }
+  // ids 259.. : higher score merges first.
+  add("\xE2\x96\x81", -1, SpmPieceType::kNormal);                 // 259 ▁
+  add("a", -2, SpmPieceType::kNormal);                            // 260
+  add("b", -3, SpmPieceType::kNormal);                            // 261
+  add("\xE2\x96\x81" "a", -4, SpmPieceType::kNormal);             // 262 ▁a
+  add("ab", -5, SpmPieceType::kNormal);                           // 263
+  add("\xE2\x96\x81" "ab", -6, SpmPieceType::kNormal);            // 264 ▁ab
+  return v;
+}
+
+TEST(SentencePieceProto, HandMadeVocabularyEncodesAndDecodes) {
+  const auto tok = sentencepiece_from_vocab(tiny_spm_vocab(), "tiny", /*add_bos=*/true);
+  EXPECT_EQ(tok->vocab_size(), 265);
+  EXPECT_EQ(tok->bos_id(), 1);
+  EXPECT_EQ(tok->eos_id(), 2);
+  EXPECT_TRUE(tok->add_bos_by_default());
+  // "ab" -> "▁ab": ▁+a (score -4) merges before a+b (-5), then ▁a+b -> ▁ab.
+  EXPECT_EQ(tok->encode("ab"), (std::vector<int32_t>{264}));
+  EXPECT_EQ(tok->encode("ab ab"), (std::vector<int32_t>{264, 264}));
+  // 'c' is not a piece: byte fallback to <0x63> (id 3 + 0x63).
+  EXPECT_EQ(tok->encode("c"), (std::vector<int32_t>{259, 3 + 0x63}));
+  // é (C3 A9) -> two byte pieces.
+  EXPECT_EQ(tok->encode("\xC3\xA9"), (std::vector<int32_t>{259, 3 + 0xC3, 3 + 0xA9}));
+  for (const std::string text : {"ab", " ab", "a  b ", "cab\n\xC3\xA9", "", "   "})
+    EXPECT_EQ(tok->decode(tok->encode(text)), text) << "'" << text << "'";
+  EXPECT_EQ(tok->token_to_piece(264), " ab");
+  EXPECT_EQ(tok->token_to_piece(1), "");
+  EXPECT_EQ(tok->token_to_piece(3 + 0x0A), "\n");
+  EXPECT_EQ(tok->id_to_token(3 + 0x0A), "<0x0A>");
+  EXPECT_THROW(tok->token_to_piece(265), Error);
+}
+
+TEST(SentencePieceProto, DummyPrefixCanBeSwitchedOff) {
+  SpmVocab v = tiny_spm_vocab();
+  v.add_dummy_prefix = false;
+  const auto tok = sentencepiece_from_vocab(v, "tiny", true);
+  EXPECT_EQ(tok->encode("ab"), (std::vector<int32_t>{263}));
+  EXPECT_EQ(tok->decode(tok->encode(" ab")), " ab");
+}
+
+TEST(SentencePieceProto, StreamingHoldsBackPartialCharacters) {
+  const auto tok = sentencepiece_from_vocab(tiny_spm_vocab(), "tiny", true);
+  const std::string text = "ab \xF0\x9F\x98\x80 ab";  // 😀 is four byte pieces
+  const std::vector<int32_t> ids = tok->encode(text, {.add_bos = true});
+  std::vector<std::string> parts;
+  EXPECT_EQ(stream_all(*tok, ids, &parts), text);
+  for (const std::string& p : parts) EXPECT_TRUE(utf8::is_valid(p)) << p;
+  // The emoji comes out whole, in the part of its last byte.
+  EXPECT_NE(std::find(parts.begin(), parts.end(), "\xF0\x9F\x98\x80"), parts.end());
+}
+
+TEST(SentencePieceProto, ReaderRejectsTruncatedProto) {
+  const std::string proto = serialize_spm_model_proto(tiny_spm_vocab());
+  EXPECT_NO_THROW(read_spm_normalizer_flags(proto, "x.model"));
+  const auto flags = read_spm_normalizer_flags(proto, "x.model");
+  EXPECT_TRUE(flags.add_dummy_prefix);
+  EXPECT_FALSE(flags.remove_extra_whitespaces);
+  EXPECT_EQ(flags.n_pieces, 265);
+  EXPECT_THROW(read_spm_normalizer_flags(proto.substr(0, proto.size() / 2), "x.model"), Error);
+}
+
+// --- llama2.c tokenizer.bin -------------------------------------------------------------------
+
+// llama2.c's layout for tiny_spm_vocab(): "▁" stored as " ", BOS/EOS as "\n<s>\n" / "\n</s>\n".
+std::string tiny_llama2c_bin() {
+  const SpmVocab v = tiny_spm_vocab();
+  std::string body;
+  int32_t max_len = 0;
+  for (size_t i = 0; i < v.pieces.size(); ++i) {
+    std::string text = v.pieces[i];
+    if (i == 1) text = "\n<s>\n";
+    if (i == 2) text = "\n</s>\n";
+    for (size_t p; (p = text.find("\xE2\x96\x81")) != std::string::npos;) text.replace(p, 3, " ");
+    const int32_t len = static_cast<int32_t>(text.size());
+    max_len = std::max(max_len, len);
+    body.append(reinterpret_cast<const char*>(&v.scores[i]), 4);
+    body.append(reinterpret_cast<const char*>(&len), 4);
+    body += text;
+  }
+  return std::string(reinterpret_cast<const char*>(&max_len), 4) + body;
+}
+
+TEST(Llama2cVocab, ReadsPiecesAndInfersTypes) {
+  const fs::path path = temp_dir() / "tokenizer.bin";
+  write_file(path, tiny_llama2c_bin());
+  const SpmVocab v = read_llama2c_vocab(path);
+  const SpmVocab want = tiny_spm_vocab();
+  EXPECT_EQ(v.pieces, want.pieces);
+  EXPECT_EQ(v.scores, want.scores);
+  EXPECT_EQ(v.types, want.types);
+  EXPECT_EQ(v.unk_id, 0);
+  EXPECT_EQ(v.bos_id, 1);
+  EXPECT_EQ(v.eos_id, 2);
+  EXPECT_TRUE(v.byte_fallback);
+  const auto tok = load_tokenizer(path);
+  EXPECT_EQ(tok->encode("ab c"), (std::vector<int32_t>{264, 259, 3 + 0x63}));
+}
+
+TEST(Llama2cVocab, TruncatedOrMalformedFilesGiveClearErrors) {
+  const fs::path dir = temp_dir();
+  const std::string good = tiny_llama2c_bin();
+  const fs::path cut = dir / "cut.bin";
+  write_file(cut, good.substr(0, good.size() - 3));
+  expect_error([&] { load_tokenizer(cut); }, cut, "truncated");
+  const fs::path tiny = dir / "tiny.bin";
+  write_file(tiny, "ab");
+  expect_error([&] { load_tokenizer(tiny); }, tiny, "truncated");
+  const fs::path bad_header = dir / "header.bin";
+  write_file(bad_header, std::string("\xff\xff\xff\xff", 4) + good.substr(4));
+  expect_error([&] { load_tokenizer(bad_header); }, bad_header, "max_token_length");
+}
+
+// --- byte-level BPE from a hand-written tokenizer.json ------------------------------------------
+
+// Vocabulary: the 256 byte-level characters (id = byte value), then merges building "hello".
+std::string tiny_tokenizer_json(const std::string& extra_added = "") {
+  std::string vocab;
+  for (int b = 0; b < 256; ++b) {
+    std::string ch = byte_level::encode(std::string(1, static_cast<char>(b)));
+    std::string escaped;
+    for (const char c : ch) {
+      if (c == '"' || c == '\\') escaped += '\\';
+      escaped += c;
+    }
+    vocab += "\"" + escaped + "\": " + std::to_string(b) + ", ";
+  }
+  vocab += R"("he": 256, "ll": 257, "hell": 258, "hello": 259, "Ġhello": 260, "<|end|>": 261)";
+  return R"({"version": "1.0", "added_tokens": [{"id": 261, "content": "<|end|>", "special": true})" +
+         extra_added + R"(], "normalizer": null,
+    "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "use_regex": true},
+    "model": {"type": "BPE", "vocab": {)" + vocab + R"(},
+              "merges": ["h e", "l l", "he ll", "hell o", "Ġ hello"]}})";
+}
+
+TEST(BpeJson, MergesByRankAndRoundTripsBytes) {
+  const fs::path path = temp_dir() / "tokenizer.json";
+  write_file(path, tiny_tokenizer_json());
+  const auto tok = load_tokenizer(path);
+  EXPECT_EQ(tok->kind(), "bpe");
+  EXPECT_EQ(tok->vocab_size(), 262);
+  EXPECT_EQ(tok->encode("hello hello"), (std::vector<int32_t>{259, 260}));
+  EXPECT_EQ(tok->encode("hellllo"), (std::vector<int32_t>{258, 257, 'o'}));  // leftmost "l l" first
+  EXPECT_EQ(tok->encode("x\xFF"), (std::vector<int32_t>{'x', 0xFF}));
+  for (const std::string text : {"hello  world\n\n", "", " \t", "caf\xC3\xA9 \xF0\x9F\x98\x80", "a\xFF\xFE" "b"})
+    EXPECT_EQ(tok->decode(tok->encode(text)), text);
+}
+
+TEST(BpeJson, SpecialTokensOnlyWhenAskedNonSpecialAlways) {
+  const fs::path path = temp_dir() / "tokenizer.json";
+  write_file(path, tiny_tokenizer_json(R"(, {"id": 262, "content": "[x]", "special": false})"));
+  const auto tok = load_tokenizer(path);
+  EXPECT_EQ(tok->vocab_size(), 263);
+  const std::vector<int32_t> plain = tok->encode("hello<|end|>[x]");
+  EXPECT_EQ(plain.back(), 262);  // a non-special added token is always one id
+  EXPECT_EQ(std::count(plain.begin(), plain.end(), 261), 0);
+  EXPECT_EQ(tok->decode(plain), "hello<|end|>[x]");
+  const std::vector<int32_t> special = tok->encode("hello<|end|>[x]", {.parse_special = true});
+  EXPECT_EQ(special, (std::vector<int32_t>{259, 261, 262}));
+  EXPECT_EQ(tok->decode(special), "hello[x]");  // special tokens are invisible in text
+}
+
+TEST(BpeJson, StreamingHoldsBackPartialCharacters) {
+  const fs::path path = temp_dir() / "tokenizer.json";
+  write_file(path, tiny_tokenizer_json());
+  const auto tok = load_tokenizer(path);
+  const std::string text = "hello \xE4\xB8\xAD\xF0\x9F\x98\x80!";
+  std::vector<std::string> parts;
+  EXPECT_EQ(stream_all(*tok, tok->encode(text), &parts), text);
+  for (const std::string& p : parts) EXPECT_TRUE(utf8::is_valid(p));
+}
+
+TEST(BpeJson, MalformedFilesGiveClearErrors) {
+  const fs::path dir = temp_dir();
+  const fs::path broken = dir / "broken.json";
+  write_file(broken, tiny_tokenizer_json().substr(0, 500));
+  expect_error([&] { load_tokenizer(broken); }, broken, "malformed JSON");
+  const fs::path no_merges = dir / "no_merges.json";
+  write_file(no_merges, R"({"model": {"type": "BPE", "vocab": {"a": 0}}, "pre_tokenizer": {"type": "ByteLevel"}})");
+  expect_error([&] { load_tokenizer(no_merges); }, no_merges, "model.merges");
+  const fs::path wordpiece = dir / "wordpiece.json";
+  write_file(wordpiece, R"({"model": {"type": "WordPiece", "vocab": {"a": 0}}})");
+  expect_error([&] { load_tokenizer(wordpiece); }, wordpiece, "model.type");
+  const fs::path not_byte_level = dir / "metaspace.json";
+  write_file(not_byte_level, R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []},
+      "pre_tokenizer": {"type": "Metaspace"}})");
+  expect_error([&] { load_tokenizer(not_byte_level); }, not_byte_level, "pre_tokenizer");
+  const fs::path missing_bytes = dir / "missing_bytes.json";
+  write_file(missing_bytes, R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []},
+      "pre_tokenizer": {"type": "ByteLevel"}})");
+  expect_error([&] { load_tokenizer(missing_bytes); }, missing_bytes, "no token for byte");
+}
+
+// --- load_tokenizer dispatch and bad files -------------------------------------------------------
+
+TEST(LoadTokenizer, MissingEmptyAndGarbageFilesGiveClearErrors) {
+  const fs::path dir = temp_dir();
+  expect_error([&] { load_tokenizer(dir / "nope.model"); }, dir / "nope.model", "no such");
+  const fs::path empty = dir / "empty.model";
+  write_file(empty, "");
+  expect_error([&] { load_tokenizer(empty); }, empty, "empty");
+  const fs::path garbage = dir / "garbage.model";
+  write_file(garbage, "this is not a protobuf \xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff");
+  expect_error([&] { load_tokenizer(garbage); }, garbage, "SentencePiece");
+  const fs::path cut = dir / "cut.model";
+  const std::string proto = serialize_spm_model_proto(tiny_spm_vocab());
+  write_file(cut, proto.substr(0, proto.size() - 7));
+  expect_error([&] { load_tokenizer(cut); }, cut, "SentencePiece");
+  const fs::path empty_dir = dir / "empty_dir";
+  fs::create_directories(empty_dir);
+  expect_error([&] { load_tokenizer(empty_dir); }, empty_dir, "no tokenizer.json");
+  const fs::path gguf = dir / "cut.gguf";
+  write_file(gguf, "GGUF\x03");
+  expect_error([&] { load_tokenizer(gguf); }, gguf, "");
+}
+
+TEST(LoadTokenizer, DirectoryPicksTheTokenizerFile) {
+  const fs::path dir = temp_dir();
+  write_file(dir / "tokenizer.model", serialize_spm_model_proto(tiny_spm_vocab()));
+  EXPECT_EQ(load_tokenizer(dir)->kind(), "sentencepiece");
+  write_file(dir / "tokenizer.json", tiny_tokenizer_json());
+  EXPECT_EQ(load_tokenizer(dir)->kind(), "bpe");
+}
+
+}  // namespace
+}  // namespace kvlab
