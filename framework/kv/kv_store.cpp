@@ -1,0 +1,449 @@
+// Paged KV store (layout and rules in kv_store.h).
+#include "framework/kv/kv_store.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "framework/core/error.h"
+
+namespace kvlab {
+
+struct KvStore::LayerCache {
+  std::vector<int32_t> blocks;     // block table: used blocks, then reserved ones
+  int n_slots = 0;                 // slots written (live or holes)
+  int pending = 0;                 // reserved slots not yet appended
+  std::vector<int64_t> positions;  // [n_slots, n_kv_heads]
+  std::vector<uint8_t> valid;      // [n_slots, n_kv_heads]
+  std::vector<int64_t> live;       // [n_kv_heads] live slots per head
+  int64_t version = 0;
+  int32_t indptr[2] = {0, 0};      // view fields, refreshed after every change
+  int32_t last_page_len = 0;
+  std::unique_ptr<CacheView> view;
+};
+
+struct KvStore::Sequence {
+  std::vector<LayerCache> layers;
+};
+
+class KvStore::CacheView final : public LayerCacheView {
+ public:
+  CacheView(const KvStore* store, const LayerCache* lc) : store_(store), lc_(lc) {}
+  int n_slots() const override { return lc_->n_slots; }
+  bool slot_valid(int slot, int kv_head) const override {
+    check(slot, kv_head);
+    return lc_->valid[index(slot, kv_head)] != 0;
+  }
+  int64_t slot_position(int slot, int kv_head) const override {
+    check(slot, kv_head);
+    return lc_->positions[index(slot, kv_head)];
+  }
+  void load_key(int slot, int kv_head, float* out) const override {
+    check(slot, kv_head);
+    const int bs = store_->config_.block_size_tokens;
+    const float* src = store_->pool_.k(lc_->blocks[slot / bs]) +
+                       store_->row_offset(slot % bs, kv_head);
+    std::memcpy(out, src, sizeof(float) * store_->config_.head_dim);
+  }
+
+ private:
+  size_t index(int slot, int kv_head) const {
+    return static_cast<size_t>(slot) * store_->config_.n_kv_heads + kv_head;
+  }
+  void check(int slot, int kv_head) const {
+    if (slot < 0 || slot >= lc_->n_slots || kv_head < 0 || kv_head >= store_->config_.n_kv_heads)
+      fail("LayerCacheView: slot ", slot, " / kv_head ", kv_head, " out of range (n_slots ",
+           lc_->n_slots, ", n_kv_heads ", store_->config_.n_kv_heads, ")");
+  }
+  const KvStore* store_;
+  const LayerCache* lc_;
+};
+
+namespace {
+
+size_t checked_block_floats(const KvStoreConfig& c) {
+  if (c.n_layers <= 0 || c.n_kv_heads <= 0 || c.head_dim <= 0 || c.block_size_tokens <= 0)
+    fail("KvStoreConfig: n_layers, n_kv_heads, head_dim and block_size_tokens must be positive (got ",
+         c.n_layers, ", ", c.n_kv_heads, ", ", c.head_dim, ", ", c.block_size_tokens, ")");
+  return static_cast<size_t>(c.block_size_tokens) * c.n_kv_heads * c.head_dim;
+}
+
+int64_t pool_blocks(const KvStoreConfig& c) {
+  const size_t block_bytes = 2 * checked_block_floats(c) * sizeof(float);
+  const size_t n = c.budget_bytes / block_bytes;
+  return static_cast<int64_t>(std::min<size_t>(n, (size_t{1} << 31) - 1));
+}
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+}  // namespace
+
+KvStore::KvStore(const KvStoreConfig& config)
+    : config_(config),
+      block_floats_(checked_block_floats(config)),
+      block_bytes_(2 * block_floats_ * sizeof(float)),
+      pool_(pool_blocks(config), block_floats_) {}
+
+KvStore::~KvStore() = default;
+
+size_t KvStore::row_offset(int entry, int kv_head) const {
+  return (static_cast<size_t>(kv_head) * config_.block_size_tokens + entry) * config_.head_dim;
+}
+
+KvStore::Sequence& KvStore::seq_at(SeqId seq) {
+  auto it = seqs_.find(seq);
+  if (it == seqs_.end()) fail("KvStore: unknown sequence ", seq);
+  return *it->second;
+}
+const KvStore::Sequence& KvStore::seq_at(SeqId seq) const {
+  auto it = seqs_.find(seq);
+  if (it == seqs_.end()) fail("KvStore: unknown sequence ", seq);
+  return *it->second;
+}
+KvStore::LayerCache& KvStore::layer_at(SeqId seq, int layer) {
+  Sequence& s = seq_at(seq);
+  if (layer < 0 || layer >= config_.n_layers)
+    fail("KvStore: layer ", layer, " out of range [0, ", config_.n_layers, ")");
+  return s.layers[layer];
+}
+const KvStore::LayerCache& KvStore::layer_at(SeqId seq, int layer) const {
+  const Sequence& s = seq_at(seq);
+  if (layer < 0 || layer >= config_.n_layers)
+    fail("KvStore: layer ", layer, " out of range [0, ", config_.n_layers, ")");
+  return s.layers[layer];
+}
+
+void KvStore::refresh_view(LayerCache& lc) {
+  const int bs = config_.block_size_tokens;
+  const int used = static_cast<int>(ceil_div(lc.n_slots, bs));
+  lc.indptr[0] = 0;
+  lc.indptr[1] = used;
+  lc.last_page_len = used == 0 ? 0 : lc.n_slots - (used - 1) * bs;
+}
+
+SeqId KvStore::create_sequence() {
+  auto s = std::make_unique<Sequence>();
+  s->layers.resize(config_.n_layers);
+  for (LayerCache& lc : s->layers) {
+    lc.live.assign(config_.n_kv_heads, 0);
+    lc.view = std::make_unique<CacheView>(this, &lc);
+  }
+  const SeqId id = next_id_++;
+  seqs_.emplace(id, std::move(s));
+  return id;
+}
+
+void KvStore::free_sequence(SeqId seq) {
+  Sequence& s = seq_at(seq);
+  for (LayerCache& lc : s.layers)
+    for (int32_t b : lc.blocks) pool_.release(b);
+  seqs_.erase(seq);
+}
+
+SeqId KvStore::fork(SeqId parent) {
+  const Sequence& p = seq_at(parent);
+  for (const LayerCache& lc : p.layers)
+    if (lc.pending != 0)
+      fail("KvStore::fork: sequence ", parent, " has reserved slots not yet appended");
+  const SeqId child = create_sequence();
+  Sequence& c = *seqs_.at(child);
+  const int bs = config_.block_size_tokens;
+  for (int l = 0; l < config_.n_layers; ++l) {
+    const LayerCache& src = p.layers[l];
+    LayerCache& dst = c.layers[l];
+    const int used = static_cast<int>(ceil_div(src.n_slots, bs));
+    dst.blocks.assign(src.blocks.begin(), src.blocks.begin() + used);
+    for (int32_t b : dst.blocks) pool_.retain(b);
+    dst.n_slots = src.n_slots;
+    dst.positions = src.positions;
+    dst.valid = src.valid;
+    dst.live = src.live;
+    refresh_view(dst);
+  }
+  return child;
+}
+
+int64_t KvStore::layer_blocks_needed(const LayerCache& lc, int n_new) const {
+  const int bs = config_.block_size_tokens;
+  const int64_t cursor = lc.n_slots + lc.pending;  // next slot to be written
+  const int64_t have = static_cast<int64_t>(lc.blocks.size());
+  const int64_t fresh = std::max<int64_t>(0, ceil_div(cursor + n_new, bs) - have);
+  int64_t copies = 0;  // shared blocks that the new slots would write into
+  for (int64_t b = cursor / bs; b < have && b * bs < cursor + n_new; ++b)
+    if (pool_.ref_count(lc.blocks[b]) > 1) ++copies;
+  return fresh + copies;
+}
+
+int64_t KvStore::blocks_needed(SeqId seq, int n_new) const {
+  if (n_new < 0) fail("KvStore::blocks_needed: n_new = ", n_new);
+  int64_t total = 0;
+  for (const LayerCache& lc : seq_at(seq).layers) total += layer_blocks_needed(lc, n_new);
+  return total;
+}
+
+void KvStore::copy_block(int32_t dst, int32_t src) {
+  std::memcpy(pool_.k(dst), pool_.k(src), block_floats_ * sizeof(float));
+  std::memcpy(pool_.v(dst), pool_.v(src), block_floats_ * sizeof(float));
+}
+
+AllocStatus KvStore::reserve(SeqId seq, int n_new) {
+  if (n_new < 0) fail("KvStore::reserve: n_new = ", n_new);
+  Sequence& s = seq_at(seq);
+  if (n_new == 0) return AllocStatus::kOk;
+  const int bs = config_.block_size_tokens;
+  int64_t total = 0;
+  for (const LayerCache& lc : s.layers) {
+    const int64_t cap = static_cast<int64_t>(lc.n_slots) + lc.pending + n_new;
+    if (cap > INT32_MAX - bs) fail("KvStore::reserve: more than 2^31 slots in one layer");
+    total += layer_blocks_needed(lc, n_new);
+  }
+  if (total > pool_.n_free()) return AllocStatus::kOutOfBlocks;
+  for (LayerCache& lc : s.layers) {
+    const int64_t cursor = lc.n_slots + lc.pending;
+    const int64_t have = static_cast<int64_t>(lc.blocks.size());
+    for (int64_t b = cursor / bs; b < have && b * bs < cursor + n_new; ++b) {
+      const int32_t old = lc.blocks[b];
+      if (pool_.ref_count(old) <= 1) continue;
+      const int32_t fresh = pool_.allocate();
+      KVLAB_CHECK(fresh >= 0);
+      copy_block(fresh, old);
+      pool_.release(old);
+      lc.blocks[b] = fresh;
+    }
+    while (static_cast<int64_t>(lc.blocks.size()) * bs < cursor + n_new) {
+      const int32_t fresh = pool_.allocate();
+      KVLAB_CHECK(fresh >= 0);
+      lc.blocks.push_back(fresh);
+    }
+    lc.pending += n_new;
+  }
+  return AllocStatus::kOk;
+}
+
+int KvStore::append(SeqId seq, int layer, int64_t position, const float* k, const float* v) {
+  LayerCache& lc = layer_at(seq, layer);
+  if (lc.pending <= 0)
+    fail("KvStore::append: sequence ", seq, " layer ", layer, " has no reserved slot (call reserve)");
+  const int bs = config_.block_size_tokens;
+  const int slot = lc.n_slots;
+  const int32_t block = lc.blocks[slot / bs];
+  KVLAB_CHECK(pool_.ref_count(block) == 1, "append into a shared block");
+  const int H = config_.n_kv_heads, D = config_.head_dim;
+  float* kb = pool_.k(block);
+  float* vb = pool_.v(block);
+  for (int h = 0; h < H; ++h) {
+    std::memcpy(kb + row_offset(slot % bs, h), k + static_cast<size_t>(h) * D, sizeof(float) * D);
+    std::memcpy(vb + row_offset(slot % bs, h), v + static_cast<size_t>(h) * D, sizeof(float) * D);
+    lc.positions.push_back(position);
+    lc.valid.push_back(1);
+    ++lc.live[h];
+  }
+  ++lc.n_slots;
+  --lc.pending;
+  refresh_view(lc);
+  return slot;
+}
+
+LayerKv KvStore::layer(SeqId seq, int layer) const {
+  const LayerCache& lc = layer_at(seq, layer);
+  LayerKv kv;
+  kv.view.page_size = config_.block_size_tokens;
+  kv.view.num_kv_heads = config_.n_kv_heads;
+  kv.view.head_dim = config_.head_dim;
+  kv.view.k_data = pool_.k_base();
+  kv.view.v_data = pool_.v_base();
+  kv.view.indptr = lc.indptr;
+  kv.view.indices = lc.blocks.data();
+  kv.view.last_page_len = &lc.last_page_len;
+  kv.n_slots = lc.n_slots;
+  kv.positions = lc.positions.data();
+  kv.valid = lc.valid.data();
+  return kv;
+}
+
+LayerCacheView& KvStore::cache_view(SeqId seq, int layer) { return *layer_at(seq, layer).view; }
+
+void KvStore::evict(SeqId seq, int layer, const Evictions& ev) {
+  LayerCache& lc = layer_at(seq, layer);
+  const int H = config_.n_kv_heads, bs = config_.block_size_tokens;
+  if (ev.slots.empty()) return;
+  if (static_cast<int>(ev.slots.size()) != H)
+    fail("KvStore::evict: Evictions has ", ev.slots.size(), " head lists, expected ", H);
+  // Validate everything first: nothing changes on error.
+  std::vector<int32_t> sorted;
+  for (int h = 0; h < H; ++h) {
+    sorted.assign(ev.slots[h].begin(), ev.slots[h].end());
+    std::sort(sorted.begin(), sorted.end());
+    for (size_t i = 0; i < sorted.size(); ++i) {
+      const int32_t s = sorted[i];
+      if (s < 0 || s >= lc.n_slots)
+        fail("KvStore::evict: slot ", s, " out of range [0, ", lc.n_slots, ") for kv_head ", h);
+      if (!lc.valid[static_cast<size_t>(s) * H + h] || (i > 0 && sorted[i - 1] == s))
+        fail("KvStore::evict: slot ", s, " of kv_head ", h, " is already evicted (or listed twice)");
+    }
+  }
+  std::vector<int32_t> touched;
+  for (int h = 0; h < H; ++h) {
+    for (int32_t s : ev.slots[h]) {
+      lc.valid[static_cast<size_t>(s) * H + h] = 0;
+      --lc.live[h];
+      touched.push_back(s / bs);
+    }
+  }
+  remove_empty_blocks(lc, touched);
+  maybe_compact(lc);
+  trim_trailing_blocks(lc);
+  refresh_view(lc);
+}
+
+void KvStore::remove_empty_blocks(LayerCache& lc, std::vector<int32_t>& touched) {
+  const int H = config_.n_kv_heads, bs = config_.block_size_tokens;
+  std::sort(touched.begin(), touched.end());
+  touched.erase(std::unique(touched.begin(), touched.end()), touched.end());
+  bool renumbered = false;
+  // Descending, so erasing block b leaves the indices of smaller touched blocks intact.
+  for (auto it = touched.rbegin(); it != touched.rend(); ++it) {
+    const int b = *it;
+    const int first = b * bs, last = std::min(lc.n_slots, first + bs);
+    const auto row0 = lc.valid.begin() + static_cast<ptrdiff_t>(first) * H;
+    const auto row1 = lc.valid.begin() + static_cast<ptrdiff_t>(last) * H;
+    if (std::find(row0, row1, uint8_t{1}) != row1) continue;  // still holds a live cell
+    lc.valid.erase(row0, row1);
+    lc.positions.erase(lc.positions.begin() + static_cast<ptrdiff_t>(first) * H,
+                       lc.positions.begin() + static_cast<ptrdiff_t>(last) * H);
+    if (last == lc.n_slots) {
+      // The last used block: keep it as (now empty) reserved room; trim_trailing_blocks frees it
+      // unless pending appends need it.
+      lc.n_slots = first;
+    } else {
+      pool_.release(lc.blocks[b]);
+      lc.blocks.erase(lc.blocks.begin() + b);
+      lc.n_slots -= bs;
+      renumbered = true;
+    }
+  }
+  if (renumbered) ++lc.version;
+}
+
+void KvStore::maybe_compact(LayerCache& lc) {
+  const int H = config_.n_kv_heads, bs = config_.block_size_tokens, D = config_.head_dim;
+  if (lc.pending != 0 || lc.n_slots == 0) return;  // never move slots under pending appends
+  const int64_t max_live = *std::max_element(lc.live.begin(), lc.live.end());
+  const int64_t removable = lc.n_slots - max_live;
+  const int64_t threshold = std::max<int64_t>(bs, lc.n_slots / 50);
+  if (removable <= threshold) return;
+  // First slot holding a hole for any head: everything before it stays where it is.
+  int first_hole = lc.n_slots;
+  for (int s = 0; s < lc.n_slots && first_hole == lc.n_slots; ++s)
+    for (int h = 0; h < H; ++h)
+      if (!lc.valid[static_cast<size_t>(s) * H + h]) { first_hole = s; break; }
+  const int new_n = static_cast<int>(max_live);
+  const int first_block = first_hole / bs;
+  const int new_used = static_cast<int>(ceil_div(new_n, bs));
+  // Destination blocks shared with another sequence get a fresh private block.
+  int64_t shared = 0;
+  for (int b = first_block; b < new_used; ++b)
+    if (pool_.ref_count(lc.blocks[b]) > 1) ++shared;
+  if (shared > pool_.n_free()) return;  // compaction is an optimisation: skip it, stay exact
+  std::vector<int32_t> dst_blocks = lc.blocks;
+  for (int b = first_block; b < new_used; ++b)
+    if (pool_.ref_count(lc.blocks[b]) > 1) dst_blocks[b] = pool_.allocate();
+  std::vector<int64_t> new_pos(static_cast<size_t>(new_n) * H, 0);
+  std::vector<uint8_t> new_valid(static_cast<size_t>(new_n) * H, 0);
+  std::copy(lc.positions.begin(), lc.positions.begin() + static_cast<ptrdiff_t>(first_hole) * H,
+            new_pos.begin());
+  std::copy(lc.valid.begin(), lc.valid.begin() + static_cast<ptrdiff_t>(first_hole) * H,
+            new_valid.begin());
+  for (int h = 0; h < H; ++h) {
+    // Stable in-place move down: destination j <= source s, both increasing, so every source is
+    // read before anything overwrites it; sources in replaced (shared) blocks are read from the
+    // old, untouched block.
+    int j = first_hole;
+    for (int s = first_hole; s < lc.n_slots; ++s) {
+      const size_t cell = static_cast<size_t>(s) * H + h;
+      if (!lc.valid[cell]) continue;
+      const int32_t src_b = lc.blocks[s / bs], dst_b = dst_blocks[j / bs];
+      const size_t src_off = row_offset(s % bs, h), dst_off = row_offset(j % bs, h);
+      if (src_b != dst_b || src_off != dst_off) {
+        std::memcpy(pool_.k(dst_b) + dst_off, pool_.k(src_b) + src_off, sizeof(float) * D);
+        std::memcpy(pool_.v(dst_b) + dst_off, pool_.v(src_b) + src_off, sizeof(float) * D);
+      }
+      new_pos[static_cast<size_t>(j) * H + h] = lc.positions[cell];
+      new_valid[static_cast<size_t>(j) * H + h] = 1;
+      ++j;
+    }
+    // Trailing holes of a head with fewer live slots: copy the position of the slot before so
+    // positions stay non-decreasing (they are never read: the cell is invalid).
+    for (; j < new_n; ++j)
+      new_pos[static_cast<size_t>(j) * H + h] = j > 0 ? new_pos[static_cast<size_t>(j - 1) * H + h] : 0;
+  }
+  for (int b = first_block; b < new_used; ++b) {
+    if (dst_blocks[b] != lc.blocks[b]) {
+      pool_.release(lc.blocks[b]);
+      lc.blocks[b] = dst_blocks[b];
+    }
+  }
+  lc.positions = std::move(new_pos);
+  lc.valid = std::move(new_valid);
+  lc.n_slots = new_n;
+  ++lc.version;
+}
+
+void KvStore::trim_trailing_blocks(LayerCache& lc) {
+  const int bs = config_.block_size_tokens;
+  const size_t keep = static_cast<size_t>(ceil_div(lc.n_slots + lc.pending, bs));
+  while (lc.blocks.size() > keep) {
+    pool_.release(lc.blocks.back());
+    lc.blocks.pop_back();
+  }
+}
+
+KvStats KvStore::stats() const {
+  const int H = config_.n_kv_heads, bs = config_.block_size_tokens;
+  KvStats st;
+  st.blocks_total = pool_.n_blocks();
+  st.blocks_in_use = pool_.n_in_use();
+  st.blocks_peak = pool_.peak_in_use();
+  st.bytes_in_use = static_cast<size_t>(st.blocks_in_use) * block_bytes_;
+  st.bytes_peak = static_cast<size_t>(st.blocks_peak) * block_bytes_;
+  st.slots_allocated = st.blocks_in_use * bs;
+  int64_t live_cells = 0;
+  if (pool_.n_shared() == 0) {
+    for (const auto& [id, s] : seqs_)
+      for (const LayerCache& lc : s->layers)
+        for (int64_t n : lc.live) live_cells += n;
+  } else {
+    // A physical cell is live if any sequence holding its block has it live.
+    const size_t cells_per_block = static_cast<size_t>(bs) * H;
+    std::vector<uint8_t> live(static_cast<size_t>(pool_.n_blocks()) * cells_per_block, 0);
+    for (const auto& [id, s] : seqs_)
+      for (const LayerCache& lc : s->layers)
+        for (int slot = 0; slot < lc.n_slots; ++slot)
+          for (int h = 0; h < H; ++h)
+            if (lc.valid[static_cast<size_t>(slot) * H + h])
+              live[lc.blocks[slot / bs] * cells_per_block + static_cast<size_t>(slot % bs) * H + h] = 1;
+    for (uint8_t x : live) live_cells += x;
+  }
+  st.slots_valid = live_cells / H;
+  const int64_t alloc_cells = st.slots_allocated * H;
+  st.waste_fraction = alloc_cells == 0 ? 0.0 : 1.0 - static_cast<double>(live_cells) / alloc_cells;
+  return st;
+}
+
+int64_t KvStore::resident_tokens(SeqId seq, int layer, int kv_head) const {
+  const LayerCache& lc = layer_at(seq, layer);
+  if (kv_head < 0 || kv_head >= config_.n_kv_heads)
+    fail("KvStore::resident_tokens: kv_head ", kv_head, " out of range");
+  return lc.live[kv_head];
+}
+
+int KvStore::n_slots(SeqId seq, int layer) const { return layer_at(seq, layer).n_slots; }
+
+int64_t KvStore::sequence_blocks(SeqId seq) const {
+  int64_t n = 0;
+  for (const LayerCache& lc : seq_at(seq).layers) n += static_cast<int64_t>(lc.blocks.size());
+  return n;
+}
+
+int64_t KvStore::layout_version(SeqId seq, int layer) const { return layer_at(seq, layer).version; }
+
+}  // namespace kvlab

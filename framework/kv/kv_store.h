@@ -1,0 +1,136 @@
+// KvStore: the paged KV cache of all sequences, with per-slot metadata for eviction policies.
+//
+// Memory layout.
+//   * One BlockPool shared by every sequence and layer, sized by a byte budget:
+//       n_blocks = budget_bytes / block_bytes,
+//       block_bytes = 2 (K, V) * block_size_tokens * n_kv_heads * head_dim * 4 (fp32).
+//     A block holds one layer's K and V for block_size_tokens slots, head-major inside the block
+//     (kernels/common/paged_kv.h):  k[block][kv_head][entry][feat],  v likewise.
+//   * Per (sequence, layer) a block table (layers may evict differently). Slot s of a layer is
+//     entry s % block_size of block table[s / block_size]; every block but the last used one is
+//     full. Blocks past the last used one are reserved (reserve()) and not yet written.
+//   * Per (sequence, layer) slot metadata, kept apart from the blocks (never shared):
+//       positions[n_slots, n_kv_heads]  text position of the token in (slot, kv_head)
+//       valid[n_slots, n_kv_heads]      1 = live, 0 = evicted hole
+//     Per KV head because H2O evicts per head (equal counts, different tokens).
+//
+// Sharing and copy-on-write: fork() gives the child the parent's block table with every block's
+// reference count raised; a shared block is copied before anything writes into it (the partly
+// filled last block, at reserve(); blocks rewritten by compaction). Metadata is copied.
+//
+// Eviction (evict()): marks (slot, head) holes; holes are never refilled (slot order = insertion
+// order). A block whose used slots are all holes for all heads is returned to the pool at once
+// and removed from the table, so later slots move down by block_size (a renumbering). When a
+// layer's removable holes (n_slots - max over heads of live slots) exceed
+// max(block_size, 2% of n_slots), the layer is compacted: per KV head the live slots move down
+// in order, n_slots becomes the largest per-head live count, trailing blocks are freed. Cost is
+// amortised O(1) row copies per evicted token. Every renumbering bumps layout_version(), so a
+// policy holding slot indices across steps knows to re-read slot_position().
+//
+// Running out of blocks is a value (AllocStatus::kOutOfBlocks from reserve(), all-or-nothing),
+// never a crash; misuse (unknown sequence, append without reserve, evicting a hole) throws
+// kvlab::Error. Not thread-safe for mutation; concurrent append() to DIFFERENT sequences after
+// their reserve() is safe (append never touches the pool), as are concurrent reads.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <unordered_map>
+#include <vector>
+
+#include "framework/kv/block_pool.h"
+#include "framework/policy/policy.h"
+#include "kernels/common/layer_kv.h"
+
+namespace kvlab {
+
+enum class AllocStatus { kOk, kOutOfBlocks };
+
+struct KvStoreConfig {
+  int n_layers = 0, n_kv_heads = 0, head_dim = 0;
+  int block_size_tokens = 16;
+  size_t budget_bytes = 0;  // pool = budget / bytes per block (rounded down)
+};
+
+struct KvStats {
+  int64_t blocks_total = 0, blocks_in_use = 0, blocks_peak = 0;
+  size_t bytes_in_use = 0, bytes_peak = 0;  // blocks x block bytes (K and V)
+  // Token x head cells holding a live token, / n_kv_heads (a physical cell shared by forked
+  // sequences counts once; live if any sequence holding the block has it live).
+  int64_t slots_valid = 0;
+  int64_t slots_allocated = 0;  // blocks_in_use x block_size
+  double waste_fraction = 0;    // 1 - live cells / allocated cells (0 when nothing allocated)
+};
+
+using SeqId = int32_t;
+
+class KvStore {
+ public:
+  explicit KvStore(const KvStoreConfig& config);  // throws Error on a non-positive shape
+  ~KvStore();
+  KvStore(const KvStore&) = delete;
+  KvStore& operator=(const KvStore&) = delete;
+
+  const KvStoreConfig& config() const { return config_; }
+  size_t block_bytes() const { return block_bytes_; }
+  int64_t free_blocks() const { return pool_.n_free(); }
+
+  SeqId create_sequence();
+  void free_sequence(SeqId seq);  // returns its blocks (those no one else shares) to the pool
+  bool has_sequence(SeqId seq) const { return seqs_.count(seq) != 0; }
+  // Shares every block of the parent (ref counts), copy-on-write later. The parent must have no
+  // reserved-but-unwritten slots (fork between steps).
+  SeqId fork(SeqId parent);
+
+  // Room for n_new more slots in every layer, copying a shared partly-filled last block first.
+  // All-or-nothing: on kOutOfBlocks nothing changed.
+  AllocStatus reserve(SeqId seq, int n_new);
+  // Blocks reserve(seq, n_new) would take from the pool now (for pre-emption decisions).
+  int64_t blocks_needed(SeqId seq, int n_new) const;
+
+  // Writes one token's K and V ([n_kv_heads, head_dim] each) for `layer` into the next slot,
+  // valid for every head, with text position `position`. Returns the slot. Requires a prior
+  // successful reserve() covering it (Error otherwise).
+  int append(SeqId seq, int layer, int64_t position, const float* k, const float* v);
+
+  LayerKv layer(SeqId seq, int layer) const;  // valid until this sequence next changes
+  LayerCacheView& cache_view(SeqId seq, int layer);  // the policy-facing view (policy.h)
+  // Drops the given (slot, head) cells (Evictions.slots[h], any order). A slot out of range, a
+  // hole or a duplicate throws Error (before anything changes). Frees empty blocks, compacts.
+  void evict(SeqId seq, int layer, const Evictions& evictions);
+
+  KvStats stats() const;  // O(blocks) without sharing, O(cells) with shared blocks
+  int64_t resident_tokens(SeqId seq, int layer, int kv_head) const;
+  int n_slots(SeqId seq, int layer) const;
+  int64_t sequence_blocks(SeqId seq) const;  // block-table entries over all layers (incl. reserved)
+  // Incremented whenever slots of this (sequence, layer) are renumbered (block removal or
+  // compaction); slot indices from before are then stale.
+  int64_t layout_version(SeqId seq, int layer) const;
+
+ private:
+  struct LayerCache;
+  struct Sequence;
+  class CacheView;
+
+  Sequence& seq_at(SeqId seq);
+  const Sequence& seq_at(SeqId seq) const;
+  LayerCache& layer_at(SeqId seq, int layer);
+  const LayerCache& layer_at(SeqId seq, int layer) const;
+  int64_t layer_blocks_needed(const LayerCache& lc, int n_new) const;
+  void copy_block(int32_t dst, int32_t src);
+  void remove_empty_blocks(LayerCache& lc, std::vector<int32_t>& touched_blocks);
+  void maybe_compact(LayerCache& lc);
+  void trim_trailing_blocks(LayerCache& lc);
+  void refresh_view(LayerCache& lc);
+  size_t row_offset(int entry, int kv_head) const;  // floats from a block's start
+
+  KvStoreConfig config_;
+  size_t block_floats_ = 0;  // per arena (K or V): block_size * n_kv_heads * head_dim
+  size_t block_bytes_ = 0;   // K + V
+  BlockPool pool_;
+  std::unordered_map<SeqId, std::unique_ptr<Sequence>> seqs_;
+  SeqId next_id_ = 0;
+};
+
+}  // namespace kvlab

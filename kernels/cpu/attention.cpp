@@ -1,0 +1,395 @@
+// Tiled online-softmax attention over the paged KV view (contract in attention.h).
+//
+// Work item = (KV head g, a block of rows, a chunk of the group's query heads): its Q query
+// vectors all read the same key list (with a full selection several rows share it; an explicit
+// selection is per row), so each key tile is loaded once for all Q of them. Per tile of up to
+// kTile candidate keys (valid, and not past the item's last query position):
+//   S[q][j] = tau q_q . k_j   (-inf where position(k_j) > position(q))      -- dot8 + hsum8
+//   online-softmax update of (m_q, l_q), O_q <- alpha O_q + sum_j p_qj v_j  -- exp8, pv_accumulate
+// and at the end O_q / l_q, LSE_q = m_q + log l_q. key_mass is a second pass over the same keys
+// with p = exp(S - LSE), split over KV heads so no two threads add to the same slot.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "kernels/common/online_softmax.h"
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/attention_common.h"
+
+namespace kvlab {
+namespace {
+
+constexpr int kTile = 32;   // keys per tile (a multiple of 8)
+constexpr int kMaxQ = 32;   // query vectors per work item
+static_assert(kTile % 8 == 0);
+
+// ---- 8-wide helpers (AVX2 + FMA) --------------------------------------------------------------
+
+// [sum(a0), sum(a1), ..., sum(a7)]: the 8 horizontal sums in one register.
+inline __m256 hsum8(__m256 a0, __m256 a1, __m256 a2, __m256 a3, __m256 a4, __m256 a5, __m256 a6,
+                    __m256 a7) {
+  const __m256 t0 = _mm256_hadd_ps(a0, a1), t1 = _mm256_hadd_ps(a2, a3);
+  const __m256 t2 = _mm256_hadd_ps(a4, a5), t3 = _mm256_hadd_ps(a6, a7);
+  const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
+  return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+inline float hsum(__m256 a) {
+  const __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(t, _mm_shuffle_ps(t, t, 1)));
+}
+
+inline float hmax(__m256 a) {
+  const __m128 s = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  const __m128 t = _mm_max_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_max_ss(t, _mm_shuffle_ps(t, t, 1)));
+}
+
+// exp(x) for x <= 0 (softmax after the max shift); exactly 0 below -87.3 (and for -inf).
+// x = n ln2 + r, |r| <= ln2/2; e^r by degree-6 Taylor (rel. error < 2e-7); 2^n via the exponent.
+inline __m256 exp8(__m256 x) {
+  const __m256 lo = _mm256_set1_ps(-87.3f);
+  const __m256 underflow = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+  x = _mm256_min_ps(_mm256_max_ps(x, lo), _mm256_set1_ps(88.f));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.f / 720);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 120));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 24));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 6));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_andnot_ps(underflow, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
+}
+
+// out[0..8) = q . k[i] for 8 key rows (D a multiple of 8).
+inline __m256 dot8(const float* q, const float* const* k, int D) {
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+  for (int d = 0; d < D; d += 8) {
+    const __m256 qv = _mm256_loadu_ps(q + d);
+    a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[0] + d), a0);
+    a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[1] + d), a1);
+    a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[2] + d), a2);
+    a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[3] + d), a3);
+    a4 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[4] + d), a4);
+    a5 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[5] + d), a5);
+    a6 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[6] + d), a6);
+    a7 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[7] + d), a7);
+  }
+  return hsum8(a0, a1, a2, a3, a4, a5, a6, a7);
+}
+
+// o[0 .. 8*NC) = alpha * o + sum_j p[j] v[j][0 .. 8*NC), accumulators held in registers.
+template <int NC>
+inline void pv_chunk(float* o, float alpha, const float* p, const float* const* v, int n) {
+  __m256 acc[NC];
+  const __m256 a = _mm256_set1_ps(alpha);
+  for (int c = 0; c < NC; ++c) acc[c] = _mm256_mul_ps(a, _mm256_loadu_ps(o + 8 * c));
+  for (int j = 0; j < n; ++j) {
+    const __m256 pj = _mm256_set1_ps(p[j]);
+    for (int c = 0; c < NC; ++c) acc[c] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(v[j] + 8 * c), acc[c]);
+  }
+  for (int c = 0; c < NC; ++c) _mm256_storeu_ps(o + 8 * c, acc[c]);
+}
+
+// o[D] = alpha * o + sum_j p[j] v[j] (D a multiple of 8), in register passes of <= 64 dims.
+void pv_accumulate(float* o, float alpha, const float* p, const float* const* v, int n, int D) {
+  const float* vj[kTile];
+  for (int d = 0; d < D; d += 64) {
+    for (int j = 0; j < n; ++j) vj[j] = v[j] + d;
+    switch (std::min(8, (D - d) / 8)) {
+      case 1: pv_chunk<1>(o + d, alpha, p, vj, n); break;
+      case 2: pv_chunk<2>(o + d, alpha, p, vj, n); break;
+      case 3: pv_chunk<3>(o + d, alpha, p, vj, n); break;
+      case 4: pv_chunk<4>(o + d, alpha, p, vj, n); break;
+      case 5: pv_chunk<5>(o + d, alpha, p, vj, n); break;
+      case 6: pv_chunk<6>(o + d, alpha, p, vj, n); break;
+      case 7: pv_chunk<7>(o + d, alpha, p, vj, n); break;
+      default: pv_chunk<8>(o + d, alpha, p, vj, n); break;
+    }
+  }
+}
+
+// ---- work items -------------------------------------------------------------------------------
+
+struct WorkItem {
+  int kv_head;
+  int row_begin, row_end;    // rows [row_begin, row_end)
+  int head_begin, head_end;  // query heads [head_begin, head_end) of the group
+};
+
+// Per-thread scratch (reused across calls; sized on demand).
+struct Scratch {
+  std::vector<float> q;       // [kMaxQ, D] scaled queries
+  std::vector<float> o;       // [kMaxQ, D] accumulators
+  std::vector<float> s;       // [kMaxQ, kTile] scores, then probabilities
+  std::vector<float> krot;    // [kTile, D] keys rotated at read
+  std::vector<float> zeros;   // [D] padding row
+  void ensure(int D) {
+    const size_t qd = static_cast<size_t>(kMaxQ) * D;
+    if (q.size() < qd) { q.resize(qd); o.resize(qd); }
+    s.resize(static_cast<size_t>(kMaxQ) * kTile);
+    if (krot.size() < static_cast<size_t>(kTile) * D) krot.resize(static_cast<size_t>(kTile) * D);
+    if (zeros.size() < static_cast<size_t>(D)) zeros.assign(D, 0.f);
+  }
+};
+
+Scratch& thread_scratch() {
+  thread_local Scratch scratch;
+  return scratch;
+}
+
+// One tile of candidate keys for a KV head.
+struct KeyTile {
+  int n = 0;
+  int32_t slot[kTile];
+  int64_t pos[kTile];
+  const float* k[kTile];
+  const float* v[kTile];
+};
+
+// Walks the item's candidate slots (the selection of its row, or all slots) in order, skipping
+// holes and keys past max_pos, and fills tiles of up to kTile keys. Keys are rotated into
+// scratch.krot when rope-at-read is on.
+class KeyWalker {
+ public:
+  KeyWalker(const AttentionArgs& a, const WorkItem& it, int64_t max_pos, Scratch& scratch)
+      : a_(a), g_(it.kv_head), max_pos_(max_pos), scratch_(scratch) {
+    if (selection_is_all(a)) {
+      all_ = true;
+      end_ = a.kv.n_slots;
+    } else {
+      ranges_ = a.selection->list(it.row_begin, g_);  // explicit selections: one row per item
+      if (!ranges_.empty()) { cur_ = ranges_[0].begin; end_ = ranges_[0].end; }
+    }
+  }
+
+  bool next(KeyTile& t) {
+    t.n = 0;
+    const LayerKv& kv = a_.kv;
+    const int H = kv.view.num_kv_heads;
+    while (t.n < kTile) {
+      if (cur_ >= end_) {
+        if (all_ || ++range_idx_ >= ranges_.size()) break;
+        cur_ = ranges_[range_idx_].begin;
+        end_ = ranges_[range_idx_].end;
+        continue;
+      }
+      const int s = cur_++;
+      const size_t cell = static_cast<size_t>(s) * H + g_;
+      if (!kv.valid[cell] || kv.positions[cell] > max_pos_) continue;
+      t.slot[t.n] = s;
+      t.pos[t.n] = kv.positions[cell];
+      t.k[t.n] = kv.key(s, g_);
+      t.v[t.n] = kv.value(s, g_);
+      ++t.n;
+    }
+    if (a_.rope != nullptr) {
+      const int D = a_.head_dim;
+      for (int j = 0; j < t.n; ++j) {
+        float* dst = scratch_.krot.data() + static_cast<size_t>(j) * D;
+        std::memcpy(dst, t.k[j], sizeof(float) * D);
+        a_.rope->rotate(dst, a_.key_rope_pos[static_cast<size_t>(t.slot[j]) * H + g_]);
+        t.k[j] = dst;
+      }
+    }
+    return t.n > 0;
+  }
+
+ private:
+  const AttentionArgs& a_;
+  int g_;
+  int64_t max_pos_;
+  Scratch& scratch_;
+  bool all_ = false;
+  std::span<const SlotRange> ranges_;
+  size_t range_idx_ = 0;
+  int cur_ = 0, end_ = 0;
+};
+
+// The item's query vectors: q index = (row - row_begin) * n_item_heads + (head - head_begin).
+struct ItemQueries {
+  int n = 0;
+  int64_t pos[kMaxQ];
+  int64_t max_pos = -1;
+  int row[kMaxQ], head[kMaxQ];
+};
+
+ItemQueries item_queries(const AttentionArgs& a, const WorkItem& it, Scratch& sc) {
+  ItemQueries iq;
+  const int D = a.head_dim;
+  iq.max_pos = INT64_MIN;
+  for (int r = it.row_begin; r < it.row_end; ++r) {
+    for (int h = it.head_begin; h < it.head_end; ++h) {
+      const float* src = a.q + (static_cast<size_t>(r) * a.n_heads + h) * D;
+      float* dst = sc.q.data() + static_cast<size_t>(iq.n) * D;
+      for (int d = 0; d < D; ++d) dst[d] = a.scale * src[d];
+      iq.pos[iq.n] = a.q_positions[r];
+      iq.row[iq.n] = r;
+      iq.head[iq.n] = h;
+      iq.max_pos = std::max(iq.max_pos, a.q_positions[r]);
+      ++iq.n;
+    }
+  }
+  return iq;
+}
+
+// S[q][0..kTile) for every query of the item: scores of the tile's keys, -inf where masked
+// (causality per query, and the padding past t.n).
+void tile_scores(const ItemQueries& iq, const KeyTile& t, const Scratch& sc, float* S, int D) {
+  const bool simd = D % 8 == 0;
+  const float* kp[kTile];
+  for (int j = 0; j < kTile; ++j) kp[j] = j < t.n ? t.k[j] : sc.zeros.data();
+  int64_t tile_max_pos = INT64_MIN;
+  for (int j = 0; j < t.n; ++j) tile_max_pos = std::max(tile_max_pos, t.pos[j]);
+  const int n8 = (t.n + 7) / 8 * 8;
+  for (int q = 0; q < iq.n; ++q) {
+    const float* qv = sc.q.data() + static_cast<size_t>(q) * D;
+    float* row = S + static_cast<size_t>(q) * kTile;
+    if (simd) {
+      for (int j = 0; j < n8; j += 8) _mm256_storeu_ps(row + j, dot8(qv, kp + j, D));
+    } else {
+      for (int j = 0; j < t.n; ++j) {
+        float acc = 0.f;
+        for (int d = 0; d < D; ++d) acc += qv[d] * kp[j][d];
+        row[j] = acc;
+      }
+    }
+    for (int j = t.n; j < kTile; ++j) row[j] = kNegInf;
+    if (tile_max_pos > iq.pos[q])
+      for (int j = 0; j < t.n; ++j)
+        if (t.pos[j] > iq.pos[q]) row[j] = kNegInf;
+  }
+}
+
+void run_item(const AttentionArgs& a, const WorkItem& it, float* lse_all) {
+  Scratch& sc = thread_scratch();
+  const int D = a.head_dim;
+  sc.ensure(D);
+  const ItemQueries iq = item_queries(a, it, sc);
+  std::fill(sc.o.begin(), sc.o.begin() + static_cast<ptrdiff_t>(iq.n) * D, 0.f);
+  SoftmaxState st[kMaxQ];
+  KeyWalker walker(a, it, iq.max_pos, sc);
+  KeyTile t;
+  float* S = sc.s.data();
+  const bool simd = D % 8 == 0;
+  while (walker.next(t)) {
+    tile_scores(iq, t, sc, S, D);
+    const int n8 = (t.n + 7) / 8 * 8;
+    for (int q = 0; q < iq.n; ++q) {
+      float* row = S + static_cast<size_t>(q) * kTile;
+      float* o = sc.o.data() + static_cast<size_t>(q) * D;
+      // m' = max(m, max_j s_j); alpha = exp(m - m'); p_j = exp(s_j - m')
+      __m256 mx = _mm256_set1_ps(kNegInf);
+      for (int j = 0; j < n8; j += 8) mx = _mm256_max_ps(mx, _mm256_loadu_ps(row + j));
+      const float tile_max = hmax(mx);
+      if (tile_max == kNegInf) continue;  // nothing visible to this query in the tile
+      float shift;
+      const float alpha = softmax_rescale(st[q], tile_max, &shift);
+      __m256 lsum = _mm256_setzero_ps();
+      const __m256 sh = _mm256_set1_ps(shift);
+      for (int j = 0; j < n8; j += 8) {
+        const __m256 p = exp8(_mm256_sub_ps(_mm256_loadu_ps(row + j), sh));
+        _mm256_storeu_ps(row + j, p);
+        lsum = _mm256_add_ps(lsum, p);
+      }
+      st[q].l += hsum(lsum);
+      // O <- alpha O + sum_j p_j v_j
+      if (simd) {
+        pv_accumulate(o, alpha, row, t.v, t.n, D);
+      } else {
+        for (int d = 0; d < D; ++d) {
+          float acc = alpha * o[d];
+          for (int j = 0; j < t.n; ++j) acc += row[j] * t.v[j][d];
+          o[d] = acc;
+        }
+      }
+    }
+  }
+  for (int q = 0; q < iq.n; ++q) {
+    const size_t qh = static_cast<size_t>(iq.row[q]) * a.n_heads + iq.head[q];
+    float* out = a.out + qh * D;
+    const float* o = sc.o.data() + static_cast<size_t>(q) * D;
+    const float inv = st[q].l > 0.f ? 1.f / st[q].l : 0.f;
+    for (int d = 0; d < D; ++d) out[d] = o[d] * inv;
+    if (lse_all != nullptr) lse_all[qh] = softmax_lse(st[q]);
+  }
+}
+
+// Second pass: key_mass[g, slot] += sum over the item's queries of exp(s - LSE).
+void run_key_mass_item(const AttentionArgs& a, const WorkItem& it, const float* lse_all) {
+  Scratch& sc = thread_scratch();
+  const int D = a.head_dim;
+  sc.ensure(D);
+  const ItemQueries iq = item_queries(a, it, sc);
+  float lse[kMaxQ];
+  for (int q = 0; q < iq.n; ++q) lse[q] = lse_all[static_cast<size_t>(iq.row[q]) * a.n_heads + iq.head[q]];
+  KeyWalker walker(a, it, iq.max_pos, sc);
+  KeyTile t;
+  float* S = sc.s.data();
+  float* mass = a.key_mass + static_cast<size_t>(it.kv_head) * a.kv.n_slots;
+  while (walker.next(t)) {
+    tile_scores(iq, t, sc, S, D);
+    alignas(32) float col[kTile] = {};
+    for (int q = 0; q < iq.n; ++q) {
+      if (lse[q] == kNegInf) continue;
+      const float* row = S + static_cast<size_t>(q) * kTile;
+      const __m256 l = _mm256_set1_ps(lse[q]);
+      for (int j = 0; j < kTile; j += 8)
+        _mm256_store_ps(col + j, _mm256_add_ps(_mm256_load_ps(col + j),
+                                               exp8(_mm256_sub_ps(_mm256_loadu_ps(row + j), l))));
+    }
+    for (int j = 0; j < t.n; ++j) mass[t.slot[j]] += col[j];
+  }
+}
+
+// Items for the main pass. Rows share an item only under a full selection; a group wider than
+// kMaxQ heads is split into head chunks.
+std::vector<WorkItem> make_items(const AttentionArgs& a) {
+  const int G = a.n_heads / a.n_kv_heads;
+  const int heads_per_item = std::min(G, kMaxQ);
+  const int rows_per_item = selection_is_all(a) ? std::max(1, kMaxQ / heads_per_item) : 1;
+  std::vector<WorkItem> items;
+  for (int r0 = 0; r0 < a.n_rows; r0 += rows_per_item)
+    for (int g = 0; g < a.n_kv_heads; ++g)
+      for (int h0 = 0; h0 < G; h0 += heads_per_item)
+        items.push_back({g, r0, std::min(a.n_rows, r0 + rows_per_item), g * G + h0,
+                         g * G + std::min(G, h0 + heads_per_item)});
+  return items;
+}
+
+}  // namespace
+
+void attention(const AttentionArgs& a, int n_threads) {
+  check_attention_args(a);
+  if (a.n_rows == 0) return;
+  n_threads = std::max(1, n_threads);
+  const std::vector<WorkItem> items = make_items(a);
+  std::vector<float> lse_tmp;
+  float* lse_all = a.lse;
+  if (a.key_mass != nullptr && lse_all == nullptr) {
+    lse_tmp.resize(static_cast<size_t>(a.n_rows) * a.n_heads);
+    lse_all = lse_tmp.data();
+  }
+  const int n_items = static_cast<int>(items.size());
+#pragma omp parallel for num_threads(n_threads) schedule(dynamic, 1) if (n_threads > 1 && n_items > 1)
+  for (int i = 0; i < n_items; ++i) run_item(a, items[i], lse_all);
+
+  if (a.key_mass == nullptr) return;
+  // One KV head per task: every item of head g adds into key_mass[g, :] from the same thread.
+  const int Hkv = a.n_kv_heads;
+#pragma omp parallel for num_threads(n_threads) schedule(dynamic, 1) if (n_threads > 1 && Hkv > 1)
+  for (int g = 0; g < Hkv; ++g)
+    for (const WorkItem& it : items)
+      if (it.kv_head == g) run_key_mass_item(a, it, lse_all);
+}
+
+}  // namespace kvlab

@@ -1,0 +1,57 @@
+// Attention over a paged KV cache on the CPU: a plain reference and a tiled fast path.
+//
+// For every query row r (position P_r = q_positions[r]) and query head h, reading KV head
+// g = h / G (G = n_heads / n_kv_heads), the keys read are
+//   J(r, h) = { slot s in the selection of (r, g) : valid(s, g) and position(s, g) <= P_r }
+// (selection == nullptr or selection->all: every slot). With tau = scale:
+//   s_j = tau * q_{r,h} . k_j      (k_j rotated to key_rope_pos[j, g] first when `rope` is set)
+//   LSE = log sum_{j in J} exp(s_j);   p_j = exp(s_j - LSE);   out_{r,h} = sum_j p_j v_j
+// An empty J gives out = 0 and LSE = -inf (never NaN).
+// key_mass (optional) accumulates, for every slot j and KV head g,
+//   key_mass[g * n_slots + j] += sum_r sum_{h in group g} p_j(r, h)
+// i.e. H2O's per-step column sums (POLICIES.md section 5), the group summed under GQA.
+//
+// attention_naive materialises each score row (the reference). attention() never does: it walks
+// the keys tile by tile with the online-softmax recurrence (kernels/common/online_softmax.h),
+// loading each key once for all query vectors that share it (the G heads of a group, and with a
+// full selection several rows), with AVX2+FMA dot products and exp. Its output does not depend on
+// the tile size beyond float rounding. key_mass takes a second pass (it needs the final LSE).
+// Threads split work items (block of rows, KV head); the key_mass pass splits over KV heads.
+//
+// Contract: selection ranges lie in [0, n_slots) (std::invalid_argument otherwise); selection
+// n_rows / n_kv_heads must match. The kernels are pure functions of their arguments.
+#pragma once
+
+#include <cstdint>
+
+#include "framework/policy/policy.h"  // KeySelection (header-only data)
+#include "kernels/common/layer_kv.h"
+#include "kernels/cpu/rope.h"
+
+namespace kvlab {
+
+struct AttentionArgs {
+  const float* q = nullptr;       // [n_rows, n_heads, head_dim], rotated, unscaled
+  int n_rows = 0, n_heads = 0, n_kv_heads = 0, head_dim = 0;
+  const int64_t* q_positions = nullptr;  // [n_rows] causal: key position <= query position
+  LayerKv kv;                            // keys/values + slot metadata
+  const KeySelection* selection = nullptr;  // nullptr or all => every valid causal slot
+  float scale = 1.f;                     // 1/sqrt(head_dim)
+  // Rope at read (policies with rope_at_cache_position): keys are stored raw and key (slot s,
+  // head g) is rotated to position key_rope_pos[s * n_kv_heads + g] before the dot product.
+  const int32_t* key_rope_pos = nullptr;  // [n_slots, n_kv_heads]
+  const RopeTable* rope = nullptr;
+  float* out = nullptr;       // [n_rows, n_heads, head_dim]
+  float* lse = nullptr;       // optional [n_rows, n_heads], natural log
+  float* key_mass = nullptr;  // optional [n_kv_heads, n_slots], accumulated (+=)
+};
+
+void attention_naive(const AttentionArgs& args);               // reference
+void attention(const AttentionArgs& args, int n_threads = 1);  // tiled online softmax
+
+// StreamingLLM's "positions inside the cache": out[s * n_kv_heads + g] = number of valid slots
+// of head g before slot s (its rank among the cached tokens); holes get -1. The query then takes
+// position = number of valid slots.
+void cache_rank_positions(const LayerKv& kv, int32_t* out);
+
+}  // namespace kvlab

@@ -1,0 +1,182 @@
+// Decode attention throughput: GB/s of KV read next to a memory read bandwidth measured in the
+// same run (MACHINE.md: compare ratios, the machine is shared and noisy).
+//
+//   MemoryReadBandwidth/threads:T   AVX2 sum over a 256 MiB float array
+//   DecodeAttention/<ctx>/<heads>/<kv_heads>/<head_dim>/threads:T
+//       1 query row over a <ctx>-token cache, block size 16, cold: every iteration reads a
+//       different "layer" and the layers together exceed 256 MiB (well past the 32 MiB L3).
+// Counters: bytes_per_second (KV read: 2 * ctx * kv_heads * head_dim * 4 bytes per call) and
+// frac_of_mem_bw (that over the bandwidth measured above with the same thread count).
+#include <benchmark/benchmark.h>
+#include <immintrin.h>
+#include <omp.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <map>
+#include <random>
+#include <vector>
+
+#include "kernels/cpu/attention.h"
+
+namespace kvlab {
+namespace {
+
+std::map<int, double> g_mem_bw;  // threads -> bytes/s measured by MemoryReadBandwidth
+
+constexpr size_t kBigBytes = size_t{256} << 20;
+
+struct AlignedFloats {
+  float* p = nullptr;
+  size_t n = 0;
+  explicit AlignedFloats(size_t count) : n(count) {
+    p = static_cast<float*>(std::aligned_alloc(64, (count * sizeof(float) + 63) / 64 * 64));
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < count; ++i) p[i] = static_cast<float>(i % 7) * 0.01f;  // touch pages
+  }
+  ~AlignedFloats() { std::free(p); }
+};
+
+void MemoryReadBandwidth(benchmark::State& state) {
+  const int threads = static_cast<int>(state.range(0));
+  static AlignedFloats buf(kBigBytes / sizeof(float));
+  double sink = 0;
+  for (auto _ : state) {
+    double total = 0;
+#pragma omp parallel for num_threads(threads) schedule(static) reduction(+ : total)
+    for (int part = 0; part < threads * 16; ++part) {
+      const size_t chunk = buf.n / (threads * 16);
+      const float* p = buf.p + part * chunk;
+      __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+      for (size_t i = 0; i + 32 <= chunk; i += 32) {
+        a0 = _mm256_add_ps(a0, _mm256_load_ps(p + i));
+        a1 = _mm256_add_ps(a1, _mm256_load_ps(p + i + 8));
+        a2 = _mm256_add_ps(a2, _mm256_load_ps(p + i + 16));
+        a3 = _mm256_add_ps(a3, _mm256_load_ps(p + i + 24));
+      }
+      alignas(32) float t[8];
+      _mm256_store_ps(t, _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+      for (float x : t) total += x;
+    }
+    sink += total;
+  }
+  benchmark::DoNotOptimize(sink);
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * static_cast<int64_t>(kBigBytes));
+  // Bytes per second of this run, for the attention benchmarks' ratio.
+  state.counters["bw"] = benchmark::Counter(static_cast<double>(kBigBytes) * state.iterations(),
+                                            benchmark::Counter::kIsRate);
+}
+
+// Several layers of one sequence's paged cache, block size 16, blocks laid out as a fresh
+// KvStore hands them out (one pool, increasing block ids).
+struct DecodeCache {
+  int ctx, H, D, bs = 16, n_layers;
+  size_t layer_floats;
+  AlignedFloats k, v;
+  std::vector<int32_t> indices;
+  int32_t indptr[2];
+  int32_t last_len;
+  std::vector<int64_t> positions;
+  std::vector<uint8_t> valid;
+
+  DecodeCache(int ctx_, int H_, int D_, int layers)
+      : ctx(ctx_), H(H_), D(D_), n_layers(layers),
+        layer_floats(static_cast<size_t>((ctx_ + 15) / 16) * 16 * H_ * D_),
+        k(layer_floats * layers), v(layer_floats * layers) {
+    const int blocks = (ctx + bs - 1) / bs;
+    indices.resize(static_cast<size_t>(blocks) * layers);
+    for (size_t i = 0; i < indices.size(); ++i) indices[i] = static_cast<int32_t>(i);
+    indptr[0] = 0;
+    indptr[1] = blocks;
+    last_len = ctx - (blocks - 1) * bs;
+    positions.resize(static_cast<size_t>(ctx) * H);
+    for (int s = 0; s < ctx; ++s)
+      for (int h = 0; h < H; ++h) positions[static_cast<size_t>(s) * H + h] = s;
+    valid.assign(positions.size(), 1);
+  }
+  LayerKv layer(int l) const {
+    LayerKv kv;
+    kv.view.page_size = bs;
+    kv.view.num_kv_heads = H;
+    kv.view.head_dim = D;
+    kv.view.k_data = k.p;
+    kv.view.v_data = v.p;
+    kv.view.indptr = indptr;
+    kv.view.indices = indices.data() + static_cast<size_t>(l) * indptr[1];
+    kv.view.last_page_len = &last_len;
+    kv.n_slots = ctx;
+    kv.positions = positions.data();
+    kv.valid = valid.data();
+    return kv;
+  }
+};
+
+void DecodeAttention(benchmark::State& state) {
+  const int ctx = static_cast<int>(state.range(0)), n_heads = static_cast<int>(state.range(1));
+  const int H = static_cast<int>(state.range(2)), D = static_cast<int>(state.range(3));
+  const int threads = static_cast<int>(state.range(4));
+  const size_t kv_bytes = size_t{2} * ctx * H * D * sizeof(float);
+  const int layers = static_cast<int>(std::max<size_t>(2, (kBigBytes + kv_bytes - 1) / kv_bytes));
+  DecodeCache cache(ctx, H, D, layers);
+  std::vector<float> q(static_cast<size_t>(n_heads) * D), out(q.size());
+  std::mt19937 rng(1);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  for (auto& x : q) x = nd(rng);
+  const int64_t qpos = ctx;
+  AttentionArgs a;
+  a.q = q.data();
+  a.n_rows = 1;
+  a.n_heads = n_heads;
+  a.n_kv_heads = H;
+  a.head_dim = D;
+  a.q_positions = &qpos;
+  a.scale = 1.f / std::sqrt(static_cast<float>(D));
+  a.out = out.data();
+  int l = 0;
+  for (auto _ : state) {
+    a.kv = cache.layer(l);
+    l = (l + 1) % layers;
+    attention(a, threads);
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * static_cast<int64_t>(kv_bytes));
+  state.counters["kv_GBps"] = benchmark::Counter(static_cast<double>(kv_bytes) * state.iterations() / 1e9,
+                                                 benchmark::Counter::kIsRate);
+  auto it = g_mem_bw.find(threads);
+  if (it != g_mem_bw.end()) state.counters["mem_GBps"] = it->second / 1e9;
+}
+
+}  // namespace
+}  // namespace kvlab
+
+// Records the measured bandwidth per thread count for the DecodeAttention ratio.
+class BandwidthRecorder : public benchmark::ConsoleReporter {
+ public:
+  void ReportRuns(const std::vector<Run>& runs) override {
+    for (const Run& r : runs) {
+      const std::string name = r.benchmark_name();
+      if (name.rfind("MemoryReadBandwidth", 0) == 0 && r.counters.count("bw")) {
+        const int threads = name.find("/2") != std::string::npos ? 2 : 1;
+        kvlab::g_mem_bw[threads] = r.counters.at("bw").value;
+      }
+    }
+    ConsoleReporter::ReportRuns(runs);
+  }
+};
+
+BENCHMARK(kvlab::MemoryReadBandwidth)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(kvlab::DecodeAttention)
+    ->ArgNames({"ctx", "heads", "kv_heads", "head_dim", "threads"})
+    ->Args({4096, 8, 8, 64, 1})->Args({4096, 8, 8, 64, 2})
+    ->Args({16384, 8, 8, 64, 1})->Args({16384, 8, 8, 64, 2})
+    ->Args({4096, 32, 8, 128, 1})->Args({4096, 32, 8, 128, 2})
+    ->Args({16384, 32, 8, 128, 1})->Args({16384, 32, 8, 128, 2})
+    ->Unit(benchmark::kMicrosecond)->UseRealTime();
+
+int main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);
+  BandwidthRecorder reporter;
+  benchmark::RunSpecifiedBenchmarks(&reporter);
+  benchmark::Shutdown();
+  return 0;
+}

@@ -1,0 +1,40 @@
+// Argument checks shared by the attention reference and fast path (internal to kernels/cpu).
+#pragma once
+
+#include <stdexcept>
+#include <string>
+
+#include "kernels/cpu/attention.h"
+
+namespace kvlab {
+
+inline bool selection_is_all(const AttentionArgs& a) {
+  return a.selection == nullptr || a.selection->all;
+}
+
+// Throws std::invalid_argument naming the first inconsistent field.
+inline void check_attention_args(const AttentionArgs& a) {
+  auto bad = [](const std::string& what) { throw std::invalid_argument("attention: " + what); };
+  if (a.n_rows < 0 || a.n_heads <= 0 || a.n_kv_heads <= 0 || a.head_dim <= 0)
+    bad("non-positive shape");
+  if (a.n_heads % a.n_kv_heads != 0) bad("n_heads is not a multiple of n_kv_heads");
+  if (a.kv.view.num_kv_heads != a.n_kv_heads || a.kv.view.head_dim != a.head_dim)
+    bad("LayerKv shape differs from the arguments");
+  if (a.n_rows > 0 && (a.q == nullptr || a.q_positions == nullptr || a.out == nullptr))
+    bad("q, q_positions and out are required");
+  if ((a.rope == nullptr) != (a.key_rope_pos == nullptr)) bad("rope and key_rope_pos go together");
+  if (a.rope != nullptr && a.rope->head_dim() != a.head_dim) bad("rope table head_dim differs");
+  if (!selection_is_all(a)) {
+    const KeySelection& s = *a.selection;
+    if (s.n_rows != a.n_rows || s.n_kv_heads != a.n_kv_heads ||
+        static_cast<int64_t>(s.indptr.size()) != static_cast<int64_t>(a.n_rows) * a.n_kv_heads + 1)
+      bad("selection shape differs from the arguments (finish every list with close_list())");
+    if (s.indptr.back() != static_cast<int32_t>(s.ranges.size())) bad("selection indptr/ranges mismatch");
+    for (const SlotRange& r : s.ranges)
+      if (r.begin < 0 || r.end > a.kv.n_slots || r.begin > r.end)
+        bad("selection range [" + std::to_string(r.begin) + ", " + std::to_string(r.end) +
+            ") outside [0, " + std::to_string(a.kv.n_slots) + ")");
+  }
+}
+
+}  // namespace kvlab

@@ -1,0 +1,319 @@
+// attention() (tiled online softmax, AVX2) equals attention_naive() (materialised score rows) over
+// awkward shapes: block sizes 1/3/7/16, head dims 32/64/80/128 (and 20, the scalar path), GQA
+// 1..8, lengths not a multiple of the block, holes, explicit selections with empty lists, key
+// mass, rope at read; fully masked rows give zeros and LSE -inf, never NaN.
+#include "kernels/cpu/attention.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+#include <vector>
+
+namespace kvlab {
+namespace {
+
+// A paged cache built directly (no KvStore: kernels depend on nothing in framework/), with its
+// pages scattered through a larger pool in random order.
+struct FakeCache {
+  int bs, H, D, n_slots;
+  std::vector<float> k, v;          // [n_pages, H, bs, D]
+  std::vector<int32_t> indices;     // block table
+  int32_t indptr[2];
+  int32_t last_len;
+  std::vector<int64_t> positions;   // [n_slots, H]
+  std::vector<uint8_t> valid;       // [n_slots, H]
+
+  FakeCache(int bs_, int H_, int D_, int n, double hole_prob, std::mt19937& rng)
+      : bs(bs_), H(H_), D(D_), n_slots(n) {
+    const int used = (n + bs - 1) / bs;
+    const int n_pages = used + 3;
+    std::normal_distribution<float> nd(0.f, 1.f);
+    k.resize(static_cast<size_t>(n_pages) * H * bs * D);
+    v.resize(k.size());
+    for (auto& x : k) x = nd(rng);
+    for (auto& x : v) x = nd(rng);
+    std::vector<int32_t> perm(n_pages);
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), rng);
+    indices.assign(perm.begin(), perm.begin() + used);
+    indptr[0] = 0;
+    indptr[1] = used;
+    last_len = used == 0 ? 0 : n - (used - 1) * bs;
+    positions.resize(static_cast<size_t>(n) * H);
+    valid.resize(positions.size());
+    std::uniform_real_distribution<double> u(0, 1);
+    for (int h = 0; h < H; ++h) {
+      int64_t p = rng() % 3;
+      for (int s = 0; s < n; ++s) {
+        p += 1 + (u(rng) < 0.2 ? rng() % 3 : 0);  // increasing, with gaps (earlier evictions)
+        positions[static_cast<size_t>(s) * H + h] = p;
+        valid[static_cast<size_t>(s) * H + h] = u(rng) >= hole_prob;
+      }
+    }
+  }
+  LayerKv layer() const {
+    LayerKv kv;
+    kv.view.page_size = bs;
+    kv.view.num_kv_heads = H;
+    kv.view.head_dim = D;
+    kv.view.k_data = k.data();
+    kv.view.v_data = v.data();
+    kv.view.indptr = indptr;
+    kv.view.indices = indices.data();
+    kv.view.last_page_len = &last_len;
+    kv.n_slots = n_slots;
+    kv.positions = positions.data();
+    kv.valid = valid.data();
+    return kv;
+  }
+  int64_t max_position() const {
+    int64_t m = 0;
+    for (int64_t p : positions) m = std::max(m, p);
+    return m;
+  }
+};
+
+// Random sorted, disjoint ranges per (row, kv head); some lists empty.
+KeySelection random_selection(int rows, int H, int n_slots, std::mt19937& rng) {
+  KeySelection sel;
+  sel.begin(rows, H);
+  for (int r = 0; r < rows; ++r) {
+    for (int h = 0; h < H; ++h) {
+      if (rng() % 5 != 0) {
+        int s = 0;
+        while (s < n_slots) {
+          const int gap = rng() % 9, len = 1 + rng() % 12;
+          const int b = std::min(n_slots, s + gap), e = std::min(n_slots, b + len);
+          sel.add(b, e);
+          s = e + 1;
+        }
+      }
+      sel.close_list();
+    }
+  }
+  return sel;
+}
+
+struct Outputs {
+  std::vector<float> out, lse, mass;
+};
+
+Outputs run(const AttentionArgs& base, bool fast, int threads) {
+  Outputs o;
+  o.out.assign(static_cast<size_t>(base.n_rows) * base.n_heads * base.head_dim, 123.f);
+  o.lse.assign(static_cast<size_t>(base.n_rows) * base.n_heads, 123.f);
+  AttentionArgs a = base;
+  a.out = o.out.data();
+  a.lse = o.lse.data();
+  if (base.key_mass != nullptr) {
+    o.mass.assign(static_cast<size_t>(base.n_kv_heads) * base.kv.n_slots, 0.5f);  // accumulates
+    a.key_mass = o.mass.data();
+  }
+  if (fast) {
+    attention(a, threads);
+  } else {
+    attention_naive(a);
+  }
+  return o;
+}
+
+void expect_close(const Outputs& ref, const Outputs& got, const std::string& what) {
+  for (size_t i = 0; i < ref.out.size(); ++i) {
+    ASSERT_FALSE(std::isnan(got.out[i])) << what;
+    ASSERT_NEAR(ref.out[i], got.out[i], 2e-5f + 2e-5f * std::abs(ref.out[i])) << what << " out[" << i << "]";
+  }
+  for (size_t i = 0; i < ref.lse.size(); ++i) {
+    if (std::isinf(ref.lse[i])) {
+      ASSERT_TRUE(std::isinf(got.lse[i]) && got.lse[i] < 0) << what << " lse[" << i << "]";
+    } else {
+      ASSERT_NEAR(ref.lse[i], got.lse[i], 2e-5f + 2e-6f * std::abs(ref.lse[i])) << what << " lse[" << i << "]";
+    }
+  }
+  for (size_t i = 0; i < ref.mass.size(); ++i)
+    ASSERT_NEAR(ref.mass[i], got.mass[i], 2e-5f + 1e-5f * ref.mass[i]) << what << " mass[" << i << "]";
+}
+
+TEST(Attention, TiledEqualsNaiveSweep) {
+  std::mt19937 rng(1234);
+  int cases = 0;
+  for (int bs : {1, 3, 7, 16}) {
+    for (int D : {32, 64, 80, 128, 20}) {
+      for (int G : {1, 2, 3, 4, 8}) {
+        const int H = 1 + static_cast<int>(rng() % 3);
+        const int n_slots = static_cast<int>(rng() % 150);  // includes 0 and non-multiples of bs
+        const double holes = (rng() % 2) ? 0.25 : 0.0;
+        FakeCache cache(bs, H, D, n_slots, holes, rng);
+        const int rows = 1 + static_cast<int>(rng() % 6);
+        std::vector<float> q(static_cast<size_t>(rows) * H * G * D);
+        std::normal_distribution<float> nd(0.f, 1.f);
+        for (auto& x : q) x = nd(rng);
+        std::vector<int64_t> qpos(rows);
+        const int64_t maxp = cache.max_position();
+        for (int r = 0; r < rows; ++r) qpos[r] = (rng() % 4 == 0) ? -1 : static_cast<int64_t>(rng() % (maxp + 2));
+        const KeySelection sel = random_selection(rows, H, n_slots, rng);
+        for (int mode = 0; mode < 2; ++mode) {
+          AttentionArgs a;
+          a.q = q.data();
+          a.n_rows = rows;
+          a.n_heads = H * G;
+          a.n_kv_heads = H;
+          a.head_dim = D;
+          a.q_positions = qpos.data();
+          a.kv = cache.layer();
+          a.selection = mode == 0 ? nullptr : &sel;
+          a.scale = 1.f / std::sqrt(static_cast<float>(D));
+          float dummy = 0;
+          a.key_mass = (rng() % 2) ? &dummy : nullptr;  // run() substitutes a real buffer
+          const Outputs ref = run(a, false, 1);
+          for (int threads : {1, 2}) {
+            const Outputs got = run(a, true, threads);
+            expect_close(ref, got, "bs " + std::to_string(bs) + " D " + std::to_string(D) + " G " +
+                                       std::to_string(G) + " H " + std::to_string(H) + " n " +
+                                       std::to_string(n_slots) + " mode " + std::to_string(mode) +
+                                       " threads " + std::to_string(threads));
+            if (HasFatalFailure()) return;
+          }
+          ++cases;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(cases, 4 * 5 * 5 * 2);
+}
+
+TEST(Attention, FullyMaskedRowsGiveZerosNotNaN) {
+  std::mt19937 rng(5);
+  FakeCache cache(16, 2, 64, 40, 0.0, rng);
+  std::vector<float> q(2 * 4 * 64, 1.f);
+  std::vector<int64_t> qpos = {-5, -1};  // before every key
+  AttentionArgs a;
+  a.q = q.data();
+  a.n_rows = 2;
+  a.n_heads = 4;
+  a.n_kv_heads = 2;
+  a.head_dim = 64;
+  a.q_positions = qpos.data();
+  a.kv = cache.layer();
+  a.scale = 0.125f;
+  for (bool fast : {false, true}) {
+    const Outputs o = run(a, fast, 2);
+    for (float x : o.out) ASSERT_EQ(x, 0.f);
+    for (float x : o.lse) ASSERT_TRUE(std::isinf(x) && x < 0);
+  }
+}
+
+TEST(Attention, KeyMassSumsToRowsTimesGroup) {
+  // Every row with at least one key spreads total probability 1 per query head.
+  std::mt19937 rng(9);
+  FakeCache cache(7, 2, 32, 61, 0.1, rng);
+  const int rows = 3, G = 4;
+  std::vector<float> q(static_cast<size_t>(rows) * 2 * G * 32);
+  std::normal_distribution<float> nd(0.f, 2.f);
+  for (auto& x : q) x = nd(rng);
+  std::vector<int64_t> qpos(rows, cache.max_position());
+  std::vector<float> out(q.size()), mass(2 * 61, 0.f);
+  AttentionArgs a;
+  a.q = q.data();
+  a.n_rows = rows;
+  a.n_heads = 2 * G;
+  a.n_kv_heads = 2;
+  a.head_dim = 32;
+  a.q_positions = qpos.data();
+  a.kv = cache.layer();
+  a.scale = 1.f / std::sqrt(32.f);
+  a.out = out.data();
+  a.key_mass = mass.data();
+  attention(a, 2);
+  for (int g = 0; g < 2; ++g) {
+    double total = 0;
+    for (int s = 0; s < 61; ++s) {
+      total += mass[g * 61 + s];
+      if (!cache.valid[s * 2 + g]) EXPECT_EQ(mass[g * 61 + s], 0.f);
+    }
+    EXPECT_NEAR(total, rows * G, 1e-4);
+  }
+}
+
+TEST(Attention, RopeAtReadEqualsPreRotatedKeys) {
+  std::mt19937 rng(77);
+  for (RopeLayout layout : {RopeLayout::kInterleaved, RopeLayout::kNeox}) {
+    for (int bs : {3, 16}) {
+      const int H = 2, G = 2, D = 64;
+      FakeCache raw(bs, H, D, 53, 0.3, rng);
+      RopeConfig rc;
+      rc.layout = layout;
+      rc.head_dim = D;
+      const RopeTable table(rc, 20);  // ranks go past the table's end: both paths agree
+      std::vector<int32_t> rank(static_cast<size_t>(raw.n_slots) * H);
+      cache_rank_positions(raw.layer(), rank.data());
+      // The same cache with every valid key rotated to its rank once.
+      FakeCache rotated = raw;
+      const LayerKv kv = rotated.layer();
+      for (int s = 0; s < raw.n_slots; ++s) {
+        for (int g = 0; g < H; ++g) {
+          if (raw.valid[s * H + g]) table.rotate(const_cast<float*>(kv.key(s, g)), rank[s * H + g]);
+        }
+      }
+      const int rows = 2;
+      std::vector<float> q(static_cast<size_t>(rows) * H * G * D);
+      std::normal_distribution<float> nd(0.f, 1.f);
+      for (auto& x : q) x = nd(rng);
+      std::vector<int64_t> qpos = {raw.max_position(), raw.max_position() / 2};
+      AttentionArgs a;
+      a.q = q.data();
+      a.n_rows = rows;
+      a.n_heads = H * G;
+      a.n_kv_heads = H;
+      a.head_dim = D;
+      a.q_positions = qpos.data();
+      a.scale = 0.125f;
+      float dummy;
+      a.key_mass = &dummy;
+      a.kv = rotated.layer();
+      const Outputs ref = run(a, false, 1);
+      a.kv = raw.layer();
+      a.rope = &table;
+      a.key_rope_pos = rank.data();
+      expect_close(ref, run(a, false, 1), "naive rope at read");
+      expect_close(ref, run(a, true, 2), "fast rope at read");
+    }
+  }
+}
+
+TEST(Attention, RejectsOutOfRangeSelection) {
+  std::mt19937 rng(3);
+  FakeCache cache(16, 1, 32, 10, 0.0, rng);
+  std::vector<float> q(32), out(32);
+  std::vector<int64_t> qpos = {100};
+  KeySelection sel;
+  sel.begin(1, 1);
+  sel.add(5, 11);
+  sel.close_list();
+  AttentionArgs a;
+  a.q = q.data();
+  a.n_rows = 1;
+  a.n_heads = 1;
+  a.n_kv_heads = 1;
+  a.head_dim = 32;
+  a.q_positions = qpos.data();
+  a.kv = cache.layer();
+  a.selection = &sel;
+  a.out = out.data();
+  EXPECT_THROW(attention(a, 1), std::invalid_argument);
+  EXPECT_THROW(attention_naive(a), std::invalid_argument);
+}
+
+TEST(Attention, CacheRankPositionsSkipHoles) {
+  std::mt19937 rng(1);
+  FakeCache cache(4, 2, 8, 6, 0.0, rng);
+  cache.valid = {1, 1, 0, 1, 1, 0, 1, 1, 0, 0, 1, 1};
+  std::vector<int32_t> rank(12);
+  cache_rank_positions(cache.layer(), rank.data());
+  EXPECT_EQ(rank, (std::vector<int32_t>{0, 0, -1, 1, 1, -1, 2, 2, -1, -1, 3, 3}));
+}
+
+}  // namespace
+}  // namespace kvlab
