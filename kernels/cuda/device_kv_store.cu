@@ -1,0 +1,137 @@
+// Device page pool, block-table upload and the append kernel (device_kv_store.h).
+#include "kernels/cuda/device_kv_store.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <type_traits>
+
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/numeric.cuh"
+
+namespace kvlab::cuda {
+
+size_t kv_dtype_bytes(KvDType dtype) {
+  switch (dtype) {
+    case KvDType::kF32: return 4;
+    case KvDType::kF16: return 2;
+    case KvDType::kBF16: return 2;
+  }
+  return 0;
+}
+
+const char* kv_dtype_name(KvDType dtype) {
+  switch (dtype) {
+    case KvDType::kF32: return "f32";
+    case KvDType::kF16: return "f16";
+    case KvDType::kBF16: return "bf16";
+  }
+  return "?";
+}
+
+void DeviceBlockTable::upload(const std::vector<int32_t>& indptr,
+                              const std::vector<int32_t>& indices,
+                              const std::vector<int32_t>& last_page_len, cudaStream_t stream) {
+  if (indptr.empty() || last_page_len.size() + 1 != indptr.size() ||
+      static_cast<size_t>(indptr.back()) != indices.size())
+    fail("DeviceBlockTable::upload: indptr [", indptr.size(), "], indices [", indices.size(),
+         "], last_page_len [", last_page_len.size(), "] do not describe one batch");
+  batch_ = static_cast<int>(last_page_len.size());
+  indptr_.reserve(indptr.size());
+  indices_.reserve(indices.size() > 0 ? indices.size() : 1);
+  last_page_len_.reserve(last_page_len.size() > 0 ? last_page_len.size() : 1);
+  indptr_.upload_prefix(indptr.data(), indptr.size(), stream);
+  indices_.upload_prefix(indices.data(), indices.size(), stream);
+  last_page_len_.upload_prefix(last_page_len.data(), last_page_len.size(), stream);
+  KVLAB_CUDA_CHECK(cudaStreamSynchronize(stream));  // host vectors may die after return
+}
+
+DeviceKvPool::DeviceKvPool(const DeviceKvConfig& config) : config_(config) {
+  if (config.n_layers <= 0 || config.num_kv_heads <= 0 || config.head_dim <= 0 ||
+      config.page_size <= 0 || config.num_pages <= 0)
+    fail("DeviceKvPool: every size must be positive (layers ", config.n_layers, ", kv heads ",
+         config.num_kv_heads, ", head_dim ", config.head_dim, ", page_size ", config.page_size,
+         ", pages ", config.num_pages, ")");
+  data_.resize(size_t(config.n_layers) * 2 * layer_elems() * kv_dtype_bytes(config.dtype));
+  data_.zero();  // never a NaN bit pattern in an unwritten slot
+  positions_.resize(size_t(config.n_layers) * config.num_pages * config.num_kv_heads *
+                    config.page_size);
+  KVLAB_CUDA_CHECK(cudaMemset(positions_.data(), 0xff, positions_.bytes()));  // -1
+}
+
+size_t DeviceKvPool::layer_elems() const {
+  return size_t(config_.num_pages) * config_.num_kv_heads * config_.page_size * config_.head_dim;
+}
+
+template <class T>
+PagedKvView<T> DeviceKvPool::layer(int layer, const DeviceBlockTable& table) {
+  constexpr KvDType want = std::is_same_v<T, float>    ? KvDType::kF32
+                           : std::is_same_v<T, __half> ? KvDType::kF16
+                                                       : KvDType::kBF16;
+  if (want != config_.dtype)
+    fail("DeviceKvPool::layer: the pool stores ", kv_dtype_name(config_.dtype), ", asked for ",
+         kv_dtype_name(want));
+  if (layer < 0 || layer >= config_.n_layers) fail("DeviceKvPool::layer: no layer ", layer);
+  PagedKvView<T> v;
+  v.page_size = config_.page_size;
+  v.num_kv_heads = config_.num_kv_heads;
+  v.head_dim = config_.head_dim;
+  T* base = reinterpret_cast<T*>(data_.data()) + size_t(layer) * 2 * layer_elems();
+  v.k_data = base;
+  v.v_data = base + layer_elems();
+  v.indptr = table.indptr();
+  v.indices = table.indices();
+  v.last_page_len = table.last_page_len();
+  return v;
+}
+
+int32_t* DeviceKvPool::positions(int layer) {
+  if (layer < 0 || layer >= config_.n_layers) fail("DeviceKvPool::positions: no layer ", layer);
+  return positions_.data() + size_t(layer) * config_.num_pages * config_.num_kv_heads * config_.page_size;
+}
+
+template PagedKvView<float> DeviceKvPool::layer<float>(int, const DeviceBlockTable&);
+template PagedKvView<__half> DeviceKvPool::layer<__half>(int, const DeviceBlockTable&);
+template PagedKvView<__nv_bfloat16> DeviceKvPool::layer<__nv_bfloat16>(int, const DeviceBlockTable&);
+
+namespace {
+
+// One block per (token, KV head); threads over the features.
+template <class T>
+__global__ void append_kv_kernel(const PagedKvView<T> kv, int32_t* __restrict__ kv_pos,
+                                 const float* __restrict__ k, const float* __restrict__ v,
+                                 const int32_t* __restrict__ batch_idx,
+                                 const int32_t* __restrict__ slot_idx,
+                                 const int32_t* __restrict__ position) {
+  const int token = blockIdx.x, head = blockIdx.y;
+  const int b = batch_idx[token], slot = slot_idx[token];
+  const size_t dst = kv.slot_offset(b, slot, head);
+  const size_t src = (size_t(token) * kv.num_kv_heads + head) * kv.head_dim;
+  for (int f = threadIdx.x; f < kv.head_dim; f += blockDim.x) {
+    kv.k_data[dst + f] = from_float<T>(k[src + f]);
+    kv.v_data[dst + f] = from_float<T>(v[src + f]);
+  }
+  if (threadIdx.x == 0 && kv_pos != nullptr) kv_pos[kv.slot_meta_offset(b, slot, head)] = position[token];
+}
+
+}  // namespace
+
+template <class T>
+void append_kv(const PagedKvView<T>& kv, int32_t* kv_pos, const float* k, const float* v,
+               const int32_t* batch_idx, const int32_t* slot_idx, const int32_t* position,
+               int n_tokens, cudaStream_t stream) {
+  if (n_tokens <= 0) return;
+  const dim3 grid(n_tokens, kv.num_kv_heads);
+  append_kv_kernel<T><<<grid, 128, 0, stream>>>(kv, kv_pos, k, v, batch_idx, slot_idx, position);
+  KVLAB_CUDA_CHECK_LAUNCH();
+}
+
+template void append_kv<float>(const PagedKvView<float>&, int32_t*, const float*, const float*,
+                               const int32_t*, const int32_t*, const int32_t*, int, cudaStream_t);
+template void append_kv<__half>(const PagedKvView<__half>&, int32_t*, const float*, const float*,
+                                const int32_t*, const int32_t*, const int32_t*, int, cudaStream_t);
+template void append_kv<__nv_bfloat16>(const PagedKvView<__nv_bfloat16>&, int32_t*, const float*,
+                                       const float*, const int32_t*, const int32_t*,
+                                       const int32_t*, int, cudaStream_t);
+
+}  // namespace kvlab::cuda
