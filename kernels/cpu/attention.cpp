@@ -186,10 +186,12 @@ class KeyWalker {
       const int s = cur_++;
       const size_t cell = static_cast<size_t>(s) * H + g_;
       if (!kv.valid[cell] || kv.positions[cell] > max_pos_) continue;
+      if (s >= block_end_) enter_block(s);  // one division per block, not per key
+      const size_t row = static_cast<size_t>(s - block_begin_) * a_.head_dim;
       t.slot[t.n] = s;
       t.pos[t.n] = kv.positions[cell];
-      t.k[t.n] = kv.key(s, g_);
-      t.v[t.n] = kv.value(s, g_);
+      t.k[t.n] = block_k_ + row;
+      t.v[t.n] = block_v_ + row;
       ++t.n;
     }
     if (a_.rope != nullptr) {
@@ -205,8 +207,22 @@ class KeyWalker {
   }
 
  private:
+  // Slots only increase (ranges are sorted), so the block of the current slot is cached.
+  void enter_block(int s) {
+    const PagedKvView<const float>& v = a_.kv.view;
+    const int b = s / v.page_size;
+    block_begin_ = b * v.page_size;
+    block_end_ = block_begin_ + v.page_size;
+    const size_t off = v.offset(v.indices[v.indptr[0] + b], g_, 0, 0);
+    block_k_ = v.k_data + off;
+    block_v_ = v.v_data + off;
+  }
+
   const AttentionArgs& a_;
   int g_;
+  int block_begin_ = 0, block_end_ = 0;
+  const float* block_k_ = nullptr;
+  const float* block_v_ = nullptr;
   int64_t max_pos_;
   Scratch& scratch_;
   bool all_ = false;

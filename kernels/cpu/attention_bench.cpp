@@ -140,27 +140,38 @@ void DecodeAttention(benchmark::State& state) {
     benchmark::ClobberMemory();
   }
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * static_cast<int64_t>(kv_bytes));
-  state.counters["kv_GBps"] = benchmark::Counter(static_cast<double>(kv_bytes) * state.iterations() / 1e9,
-                                                 benchmark::Counter::kIsRate);
-  auto it = g_mem_bw.find(threads);
-  if (it != g_mem_bw.end()) state.counters["mem_GBps"] = it->second / 1e9;
+  state.counters["kv_bytes"] = benchmark::Counter(static_cast<double>(kv_bytes) * state.iterations(),
+                                                  benchmark::Counter::kIsRate);
 }
 
 }  // namespace
 }  // namespace kvlab
 
-// Records the measured bandwidth per thread count for the DecodeAttention ratio.
-class BandwidthRecorder : public benchmark::ConsoleReporter {
+// Records the bandwidth measured per thread count and adds, to every DecodeAttention run,
+// mem_GBps (that bandwidth) and frac_of_mem_bw (KV bytes/s over it).
+class BandwidthRatioReporter : public benchmark::ConsoleReporter {
  public:
   void ReportRuns(const std::vector<Run>& runs) override {
-    for (const Run& r : runs) {
+    std::vector<Run> out = runs;
+    for (Run& r : out) {
       const std::string name = r.benchmark_name();
-      if (name.rfind("MemoryReadBandwidth", 0) == 0 && r.counters.count("bw")) {
-        const int threads = name.find("/2") != std::string::npos ? 2 : 1;
+      const int threads = name.find("/threads:2") != std::string::npos ||
+                                  name.find("MemoryReadBandwidth/2") != std::string::npos
+                              ? 2 : 1;
+      if (name.find("MemoryReadBandwidth") != std::string::npos && r.counters.count("bw")) {
         kvlab::g_mem_bw[threads] = r.counters.at("bw").value;
+      } else if (name.find("DecodeAttention") != std::string::npos && r.counters.count("kv_bytes")) {
+        const double kv = r.counters.at("kv_bytes").value;  // bytes/s (a rate counter)
+        auto it = kvlab::g_mem_bw.find(threads);
+        r.counters["kv_GBps"] = kv / 1e9;
+        if (it != kvlab::g_mem_bw.end()) {
+          r.counters["mem_GBps"] = it->second / 1e9;
+          r.counters["frac_of_mem_bw"] = kv / it->second;
+        }
+        r.counters.erase("kv_bytes");
       }
     }
-    ConsoleReporter::ReportRuns(runs);
+    ConsoleReporter::ReportRuns(out);
   }
 };
 
@@ -175,7 +186,7 @@ BENCHMARK(kvlab::DecodeAttention)
 
 int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
-  BandwidthRecorder reporter;
+  BandwidthRatioReporter reporter;
   benchmark::RunSpecifiedBenchmarks(&reporter);
   benchmark::Shutdown();
   return 0;

@@ -231,7 +231,9 @@ TEST(Attention, KeyMassSumsToRowsTimesGroup) {
     double total = 0;
     for (int s = 0; s < 61; ++s) {
       total += mass[g * 61 + s];
-      if (!cache.valid[s * 2 + g]) EXPECT_EQ(mass[g * 61 + s], 0.f);
+      if (!cache.valid[s * 2 + g]) {
+        EXPECT_EQ(mass[g * 61 + s], 0.f);
+      }
     }
     EXPECT_NEAR(total, rows * G, 1e-4);
   }
