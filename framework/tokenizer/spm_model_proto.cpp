@@ -160,6 +160,7 @@ class WireReader {
 
 SpmNormalizerFlags read_spm_normalizer_flags(std::string_view serialized, const std::string& source) {
   SpmNormalizerFlags flags;
+  bool has_trainer_spec = false, has_normalizer_spec = false;
   WireReader top(serialized, source, "ModelProto");
   while (!top.done()) {
     uint32_t wire_type = 0;
@@ -167,7 +168,9 @@ SpmNormalizerFlags read_spm_normalizer_flags(std::string_view serialized, const 
     std::string_view payload;
     const uint32_t field = top.field(&wire_type, &value, &payload);
     if (field == kModelPieces && wire_type == kWireLength) ++flags.n_pieces;
+    if (field == kModelTrainerSpec && wire_type == kWireLength) has_trainer_spec = true;
     if (field != kModelNormalizerSpec || wire_type != kWireLength) continue;
+    has_normalizer_spec = true;
     WireReader spec(payload, source, "normalizer_spec");
     while (!spec.done()) {
       const uint32_t f = spec.field(&wire_type, &value, &payload);
@@ -177,6 +180,11 @@ SpmNormalizerFlags read_spm_normalizer_flags(std::string_view serialized, const 
     }
   }
   if (flags.n_pieces == 0) fail(source, ": not a valid SentencePiece model (no pieces)");
+  // sentencepiece writes pieces, then trainer_spec, then normalizer_spec: a file cut at a field
+  // boundary still parses, but lacks these.
+  if (!has_trainer_spec || !has_normalizer_spec)
+    fail(source, ": not a valid SentencePiece model (no ", has_trainer_spec ? "normalizer_spec" : "trainer_spec",
+         "; truncated?)");
   return flags;
 }
 

@@ -60,8 +60,9 @@ struct SpmNormalizerFlags {
 };
 
 // Walks a serialized ModelProto's top-level fields and its normalizer_spec. Throws kvlab::Error
-// naming `source` when the bytes are not well-formed protobuf (truncated, bad wire type) or hold
-// no pieces: the library itself would only say "model file is broken".
+// naming `source` when the bytes are not well-formed protobuf (truncated, bad wire type), hold
+// no pieces, or lack trainer_spec / normalizer_spec (a file cut at a field boundary): the library
+// itself would only say "model file is broken", or load the partial vocabulary.
 SpmNormalizerFlags read_spm_normalizer_flags(std::string_view serialized, const std::string& source);
 
 }  // namespace kvlab

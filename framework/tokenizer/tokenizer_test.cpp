@@ -24,6 +24,7 @@ namespace fs = std::filesystem;
 fs::path temp_dir() {
   const fs::path dir = fs::path(KVLAB_BINARY_DIR) / "tokenizer_test_tmp" /
                        ::testing::UnitTest::GetInstance()->current_test_info()->name();
+  fs::remove_all(dir);  // fresh for each run
   fs::create_directories(dir);
   return dir;
 }
@@ -173,7 +174,9 @@ TEST(SentencePieceProto, ReaderRejectsTruncatedProto) {
   EXPECT_TRUE(flags.add_dummy_prefix);
   EXPECT_FALSE(flags.remove_extra_whitespaces);
   EXPECT_EQ(flags.n_pieces, 265);
-  EXPECT_THROW(read_spm_normalizer_flags(proto.substr(0, proto.size() / 2), "x.model"), Error);
+  // Every strict prefix is rejected, also those cut exactly between two fields.
+  for (size_t cut = 0; cut < proto.size(); ++cut)
+    EXPECT_THROW(read_spm_normalizer_flags(proto.substr(0, cut), "x.model"), Error) << cut;
 }
 
 // --- llama2.c tokenizer.bin -------------------------------------------------------------------
