@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "evals/niah.h"
 #include "framework/core/error.h"
 
 namespace kvlab {
@@ -83,13 +84,6 @@ Shard parse_shard(const std::string& text) {
 }
 
 bool in_shard(const CellSpec& cell, const Shard& shard) { return cell.index % shard.count == shard.index; }
-
-uint64_t splitmix64(uint64_t& state) {
-  uint64_t z = (state += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
 
 uint64_t trial_seed(uint64_t seed, int64_t context_length, double depth_percent, int trial) {
   uint64_t depth_bits;

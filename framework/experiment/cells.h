@@ -54,6 +54,5 @@ bool in_shard(const CellSpec& cell, const Shard& shard);
 // resumed runs draw the same needle values and haystack offsets. The run is deliberately not an
 // input: every policy sees the same prompts.
 uint64_t trial_seed(uint64_t seed, int64_t context_length, double depth_percent, int trial);
-uint64_t splitmix64(uint64_t& state);
 
 }  // namespace kvlab

@@ -22,15 +22,6 @@ std::string SourceRef::str() const {
   return out;
 }
 
-const char* to_string(PplProtocol p) {
-  switch (p) {
-    case PplProtocol::kStreaming: return "streaming";
-    case PplProtocol::kChunked: return "chunked";
-    case PplProtocol::kSliding: return "sliding";
-  }
-  return "?";
-}
-
 size_t edit_distance(const std::string& a, const std::string& b) {
   std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
   for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;

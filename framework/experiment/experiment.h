@@ -33,6 +33,7 @@
 #include <string>
 #include <vector>
 
+#include "evals/perplexity.h"
 #include "framework/policy/params.h"
 
 namespace kvlab {
@@ -91,9 +92,6 @@ struct NiahSpec {
   int decode_tail_tokens = -1;  // -1 = the question's tokens
   SourceRef ref;
 };
-
-enum class PplProtocol { kStreaming, kChunked, kSliding };
-const char* to_string(PplProtocol p);
 
 struct PerplexitySpec {
   bool enabled = false;

@@ -1,0 +1,85 @@
+// Needle in a haystack (docs: shared POLICIES.md section 7; gkamradt's placement, RULER's
+// 7-digit values, exact-match scoring plus two graded signals).
+//
+// Prompt, exactly `context_length` tokens:
+//   [BOS] haystack[o, o+p) NEEDLE haystack[o+p, o+B) QUESTION
+// where the haystack is tokenized once and read cyclically from a sentence start o drawn from
+// the trial's seed, B = context_length - |BOS| - |NEEDLE| - |QUESTION| haystack tokens are
+// kept, and the needle goes at p = floor(B * depth / 100) moved back to the nearest sentence
+// end (a token whose text, trailing white space removed, ends with '.', '!' or '?'), or at the
+// very end when depth = 100. Needle and question are tokenized on their own (SentencePiece adds
+// its word-start space; a byte-level BPE tokenizer gets a leading space), so the needle's tokens
+// are the same whatever surrounds it and its position is exact.
+//
+// Scoring (run_niah_trial): the prompt is prefilled except its last `decode_tail_tokens` tokens,
+// which go through the decode path one by one (so selection policies act on the question);
+// then greedy decoding for up to max_answer_tokens (stopping at EOS).
+//   correct           = the first run of digits in the answer text equals the value;
+//   first_wrong_token = index of the first greedy token that differs from the expected tokens
+//                       (the value as the tokenizer writes it after the question), or their
+//                       count when all of them were produced;
+//   value_logprob     = sum_k log p(expected_k | prompt, expected_<k), teacher-forced (the prompt
+//                       is replayed when greedy decoding leaves the expected path).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "evals/lm.h"
+#include "framework/tokenizer/tokenizer.h"
+
+namespace kvlab {
+
+// SplitMix64: the RNG of every seeded choice in the evals (fixed across platforms and
+// standard libraries, unlike std::uniform_int_distribution).
+uint64_t splitmix64(uint64_t& state);
+
+// A tokenized haystack text with its sentence ends.
+struct Haystack {
+  std::vector<int32_t> tokens;
+  std::vector<uint8_t> ends_sentence;  // [tokens.size()] 1 when the token ends a sentence
+  std::vector<int64_t> sentence_starts;  // token indices that follow a sentence end (and 0)
+};
+Haystack make_haystack(const Tokenizer& tokenizer, const std::string& text);
+
+struct NiahOptions {
+  std::string needle = "The special magic number is {value}.";
+  std::string question = "What is the special magic number? The special magic number is";
+  int value_digits = 7;
+};
+
+struct NiahPrompt {
+  std::vector<int32_t> tokens;          // [context_length]
+  std::string value;                    // the digits hidden in the needle
+  int64_t needle_pos = 0;               // index of the needle's first token in tokens
+  int needle_tokens = 0;
+  int question_tokens = 0;              // the question is the last question_tokens tokens
+  int64_t haystack_offset = 0;          // haystack token where the excerpt starts
+  std::vector<int32_t> expected_tokens; // the value as the model should write it next
+};
+
+// `value_digits` random digits, the first one nonzero.
+std::string niah_value(uint64_t& rng_state, int digits);
+
+// Throws kvlab::Error when context_length cannot hold BOS + needle + question (+1 haystack token).
+NiahPrompt build_niah_prompt(const Tokenizer& tokenizer, const Haystack& haystack,
+                             const NiahOptions& options, int context_length, double depth_percent,
+                             uint64_t seed);
+
+struct NiahScore {
+  bool correct = false;
+  int first_wrong_token = 0;
+  double value_logprob = 0;
+  std::string answer;                // decoded greedy answer
+  std::vector<int32_t> answer_tokens;
+};
+
+// True when the first maximal run of ASCII digits in `answer` equals `value`.
+bool value_matches(const std::string& answer, const std::string& value);
+
+// decode_tail_tokens < 0: the question's tokens.
+NiahScore run_niah_trial(LanguageModel& lm, const Tokenizer& tokenizer, const NiahPrompt& prompt,
+                         int decode_tail_tokens, int max_answer_tokens);
+
+}  // namespace kvlab
