@@ -57,6 +57,23 @@ struct KeySelectionView {
   }
 };
 
+// Number of selected keys of `list` whose slot is <= max_slot (slots grow with n, so this is a
+// binary search). Causal kernels stop there: a valid slot's position is >= the slot (slots are
+// filled in position order and compaction only moves them down), so keys past it are masked for
+// every query at position <= max_slot.
+KVLAB_HD int keys_up_to_slot(const KeySelectionView& sel, int list, int count, int64_t max_slot) {
+  int lo = 0, hi = count;  // answer in [lo, hi]: first n with slot_of(n) > max_slot
+  while (lo < hi) {
+    const int mid = (lo + hi) >> 1;
+    if (sel.slot_of(list, mid) <= max_slot) {
+      lo = mid + 1;
+    } else {
+      hi = mid;
+    }
+  }
+  return lo;
+}
+
 // Host: key_offset for every range (restarting at 0 at each list).
 inline std::vector<int32_t> build_key_offsets(const std::vector<int32_t>& indptr,
                                               const std::vector<KeyRange>& ranges) {

@@ -37,6 +37,11 @@ TEST(KeySelection, SlotOfEnumeratesEveryRangeInOrder) {
       ASSERT_EQ(sel.count(l, 1000), static_cast<int>(expected[l].size()));
       for (size_t n = 0; n < expected[l].size(); ++n)
         ASSERT_EQ(sel.slot_of(l, static_cast<int>(n)), expected[l][n]) << "list " << l;
+      for (int max_slot = -1; max_slot < 60; ++max_slot) {
+        int want = 0;
+        for (int s : expected[l]) want += s <= max_slot;
+        ASSERT_EQ(keys_up_to_slot(sel, l, sel.count(l, 0), max_slot), want);
+      }
     }
   }
   const KeySelectionView all{};
