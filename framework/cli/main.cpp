@@ -13,6 +13,7 @@ namespace kvlab::cli {
 // Each command is defined in its own cmd_<name>.cpp.
 // Declarations: int run_NAME(const std::vector<std::string>& args); one per command file.
 // Add yours here and a row to kCommands below.
+int run_policies(const std::vector<std::string>& args);
 int run_tokenize(const std::vector<std::string>& args);
 }  // namespace kvlab::cli
 
@@ -22,6 +23,7 @@ using kvlab::cli::Command;
 
 constexpr Command kCommands[] = {
     // {"name", "summary", &kvlab::cli::run_name},
+    {"policies", "list the attention policies (and --plugin ones) with their parameters", &kvlab::cli::run_policies},
     {"tokenize", "encode stdin with a tokenizer and print the ids (or pieces)", &kvlab::cli::run_tokenize},
 };
 

@@ -27,7 +27,10 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -57,12 +60,20 @@ struct PolicyNeeds {
 };
 
 // Read-only view of one layer's cache of one sequence, as the policy sees it.
+// Order contract: for each KV head, slot_position(s, h) is non-decreasing in s and strictly
+// increasing over valid slots (slots are filled in text order; a hole keeps the position of the
+// token it held, or after compaction a copy of the previous slot's). Policies rely on it to map
+// a position range [a, b) to the slot range [first slot with position >= a, ... >= b).
 class LayerCacheView {
  public:
   virtual ~LayerCacheView() = default;
   virtual int n_slots() const = 0;  // slots in use, including evicted holes not yet compacted
   virtual bool slot_valid(int slot, int kv_head) const = 0;
   virtual int64_t slot_position(int slot, int kv_head) const = 0;  // text position of the token
+  // Optional fast path (may return nullptr): the same metadata as flat arrays laid out
+  // [n_slots, n_kv_heads] (element s * n_kv_heads + h), valid until the store next changes.
+  virtual const int64_t* positions_data() const { return nullptr; }
+  virtual const uint8_t* valid_data() const { return nullptr; }
   // Writes the key (as used by attention: after RoPE at the original position, except with
   // rope_at_cache_position where it is the raw key) as fp32 into out[head_dim].
   virtual void load_key(int slot, int kv_head, float* out) const = 0;
@@ -137,6 +148,16 @@ struct Evictions {
   bool empty() const { for (auto& s : slots) if (!s.empty()) return false; return true; }
 };
 
+// The reads of a mask-based policy as a pure function of (layer, KV head, query position i,
+// key position j), causality included. The conformance tests build the dense masked reference
+// from it, independently of the policy's selections and evictions.
+struct ClaimedMask {
+  std::function<bool(int layer, int kv_head, int64_t i, int64_t j)> allow;
+  // True when the claim holds only for one-token decode steps (eviction-based policies whose
+  // prefill chunk reads more than the mask, e.g. none today; kept for plugins).
+  bool decode_only = false;
+};
+
 class AttentionPolicy {
  public:
   virtual ~AttentionPolicy() = default;
@@ -150,6 +171,9 @@ class AttentionPolicy {
   virtual int64_t budget_tokens(int layer, int64_t n_seen) const { return -1; }
   // Back to the freshly created state (a new sample).
   virtual void reset() = 0;
+  // Mask-based policies (sliding_window, strided, sinks with original positions) return the
+  // mask their reads equal; others nullopt.
+  virtual std::optional<ClaimedMask> claimed_mask() const { return std::nullopt; }
 };
 
 // What the registry holds: a named, documented maker of per-sequence policies.
@@ -162,6 +186,12 @@ class PolicyFactory {
   // `params` has already been validated against params() (defaults filled in).
   virtual std::unique_ptr<AttentionPolicy> create(const ParamValues& params,
                                                   const PolicyModelShape& shape) const = 0;
+  // Raw parameters under which the policy reads and keeps every causal key, so it must equal
+  // `full` exactly (the conformance tests run every registered policy with them); nullopt when
+  // the policy has no such setting.
+  virtual std::optional<std::map<std::string, ParamValue>> unlimited_params() const {
+    return std::nullopt;
+  }
 };
 
 }  // namespace kvlab

@@ -1,0 +1,117 @@
+#include "framework/policy/registry.h"
+
+#include <dlfcn.h>
+
+#include <algorithm>
+
+#include "framework/core/error.h"
+#include "framework/policy/plugin.h"
+
+namespace kvlab {
+
+size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j)
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] != b[j - 1])});
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+void PolicyRegistry::add(std::unique_ptr<PolicyFactory> factory) {
+  add_entry(std::move(factory), "built-in");
+}
+
+void PolicyRegistry::add_entry(std::unique_ptr<PolicyFactory> factory, std::string origin) {
+  KVLAB_CHECK(factory != nullptr);
+  std::string name = factory->name();
+  if (name.empty()) fail(origin, ": policy factory has an empty name");
+  if (auto it = entries_.find(name); it != entries_.end())
+    fail("policy '", name, "' from ", origin, " is already registered (from ", it->second.origin,
+         ")");
+  entries_.emplace(std::move(name), Entry{std::move(factory), std::move(origin)});
+}
+
+const PolicyFactory* PolicyRegistry::find(std::string_view name) const {
+  auto it = entries_.find(name);
+  return it == entries_.end() ? nullptr : it->second.factory.get();
+}
+
+const PolicyFactory& PolicyRegistry::at(std::string_view name) const {
+  if (const PolicyFactory* f = find(name)) return *f;
+  std::string msg = str_cat("unknown policy '", name, "'");
+  std::string best;
+  size_t best_d = std::max<size_t>(3, name.size() / 3 + 1);  // suggest only close names
+  for (const auto& [n, e] : entries_)
+    if (size_t d = edit_distance(name, n); d < best_d) best_d = d, best = n;
+  if (!best.empty()) msg += str_cat(" (did you mean '", best, "'?)");
+  std::string all;
+  for (const auto& [n, e] : entries_) all += (all.empty() ? "" : ", ") + n;
+  fail(msg, "; registered: ", all.empty() ? "none" : all);
+}
+
+std::vector<std::string> PolicyRegistry::names() const {
+  std::vector<std::string> out;
+  for (const auto& [n, e] : entries_) out.push_back(n);
+  return out;
+}
+
+std::string PolicyRegistry::origin(std::string_view name) const {
+  at(name);
+  return entries_.find(name)->second.origin;
+}
+
+std::unique_ptr<AttentionPolicy> PolicyRegistry::create(
+    std::string_view name, const std::map<std::string, ParamValue>& raw,
+    const PolicyModelShape& shape, const std::string& context) const {
+  const PolicyFactory& f = at(name);
+  const ParamValues values = validate_params(f.name(), f.params(), raw, context);
+  auto policy = f.create(values, shape);
+  if (!policy) fail("policy '", f.name(), "' returned no policy object");
+  return policy;
+}
+
+std::string PolicyRegistry::load_plugin(const std::filesystem::path& path) {
+  const std::string file = path.string();
+  // RTLD_NODELETE: policies made by the plugin may outlive this registry (never unloaded).
+  void* handle = dlopen(file.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
+  if (!handle) {
+    const char* err = dlerror();
+    fail(file, ": cannot load policy plugin: ", err ? err : "dlopen failed");
+  }
+  dlerror();
+  void* sym = dlsym(handle, kKvlabPolicyPluginSymbol);
+  if (!sym) {
+    const char* err = dlerror();
+    fail(file, ": policy plugin has no entry point '", kKvlabPolicyPluginSymbol,
+         "' (declare it extern \"C\", see framework/policy/plugin.h): ",
+         err ? err : "symbol not found");
+  }
+  using EntryFn = const KvlabPolicyPlugin* (*)();
+  const KvlabPolicyPlugin* plugin = reinterpret_cast<EntryFn>(sym)();
+  if (!plugin) fail(file, ": ", kKvlabPolicyPluginSymbol, "() returned null");
+  if (plugin->api_version != kKvlabPolicyApiVersion)
+    fail(file, ": policy plugin API version ", plugin->api_version, " (symbol ",
+         kKvlabPolicyPluginSymbol, ") does not match this kvlab's API version ",
+         kKvlabPolicyApiVersion, "; rebuild the plugin against this kvlab");
+  if (!plugin->name || !plugin->create_factory)
+    fail(file, ": ", kKvlabPolicyPluginSymbol, "() returned a descriptor without name or factory");
+  std::unique_ptr<PolicyFactory> factory;
+  try {
+    factory.reset(plugin->create_factory());
+  } catch (const std::exception& e) {
+    fail(file, ": plugin '", plugin->name, "' failed to create its factory: ", e.what());
+  }
+  if (!factory) fail(file, ": plugin '", plugin->name, "' returned no factory");
+  if (factory->name() != plugin->name)
+    fail(file, ": plugin descriptor names '", plugin->name, "' but its factory names '",
+         factory->name(), "'");
+  std::string name = factory->name();
+  add_entry(std::move(factory), file);
+  return name;
+}
+
+}  // namespace kvlab

@@ -1,0 +1,45 @@
+// SimplePolicyFactory: a PolicyFactory from a name, a one-line doc, parameter specs and a
+// create function, so a policy file needs no factory boilerplate:
+//
+//   registry.add(std::make_unique<SimplePolicyFactory>("full", "exact attention", ParamSpecs{},
+//       [](const ParamValues&, const PolicyModelShape&) { return std::make_unique<Full>(); }));
+#pragma once
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+
+#include "framework/policy/policy.h"
+
+namespace kvlab {
+
+class SimplePolicyFactory : public PolicyFactory {
+ public:
+  using CreateFn = std::function<std::unique_ptr<AttentionPolicy>(const ParamValues&,
+                                                                  const PolicyModelShape&)>;
+  SimplePolicyFactory(std::string name, std::string doc, ParamSpecs specs, CreateFn create,
+                      std::optional<std::map<std::string, ParamValue>> unlimited = std::nullopt)
+      : name_(std::move(name)), doc_(std::move(doc)), specs_(std::move(specs)),
+        create_(std::move(create)), unlimited_(std::move(unlimited)) {}
+  std::string name() const override { return name_; }
+  std::string doc() const override { return doc_; }
+  const ParamSpecs& params() const override { return specs_; }
+  std::unique_ptr<AttentionPolicy> create(const ParamValues& params,
+                                          const PolicyModelShape& shape) const override {
+    return create_(params, shape);
+  }
+  std::optional<std::map<std::string, ParamValue>> unlimited_params() const override {
+    return unlimited_;
+  }
+
+ private:
+  std::string name_, doc_;
+  ParamSpecs specs_;
+  CreateFn create_;
+  std::optional<std::map<std::string, ParamValue>> unlimited_;
+};
+
+}  // namespace kvlab

@@ -1,0 +1,287 @@
+// landmark: training-free, HiLS-style chunk selection (POLICIES.md 6).
+//
+// Per layer and KV head, the text is cut into chunks of C positions, chunk c = [cC, (c+1)C).
+// When a chunk closes (its last token is appended) it gets a landmark, computed once:
+//   mean    k'_c = mean_j k_j, bias 0;  logit(q) = tau q.k'_c
+//   bounds  (Quest) M_c = max_j k_j, m_c = min_j k_j elementwise; logit(q) = tau sum_d max(q_d M_d, q_d m_d)
+//   pooled  proxy query q' = the chunk's last token's query (mean over the KV head's G query
+//           heads), p = softmax(tau q'.K_c), k'_c = sum_j p_j k_j, bias b_c = -sum_j p_j log p_j
+//           (entropy_bias), so tau q.k'_c + b_c ~ log sum_j exp(tau q.k_j); logit = tau q.k'_c + b_c
+// Query i (row r) then reads S sinks u the local region u the top-K eligible chunks, with exact
+// softmax over that union (the kernels merge it). Eligible = closed chunks ending before the
+// window (i-W, i]: c < E = floor((i - W + 1) / C). local=extend (default): the local region is
+// [E*C, i] (W .. W+C-1 keys), so no key is unreadable and top_k >= E is exactly full attention;
+// local=exact: (i-W, i].
+// GQA (selection is per KV head): gqa=softmax_max (default): per query head p_c = exp(logit_c -
+// logsumexp(local LSE, all chunk logits)) with the local LSE over sinks u local region; the
+// chunk's score is the max of p_c over the group; gqa=max: max of the logits; gqa=sum: sum of
+// p_c. Ties go to the lower chunk index. Prefill is dense by default (prefill=select applies the
+// selection to every row of a chunk). Nothing is evicted; original RoPE positions.
+//
+// Defaults C=64, K=32, W=512, S=4; 0 = auto, scaled to the model's training context L when
+// L < 8192: C = clamp(pow2_floor(L/128), 8, 64), W = clamp(L/16, 2C, 512), K = clamp(L/(4C), 2, 32).
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <limits>
+#include <numeric>
+
+#include "framework/core/error.h"
+#include "framework/policy/simple_factory.h"
+#include "policies/builtin.h"
+#include "policies/cache_scan.h"
+
+namespace kvlab {
+namespace {
+
+enum class Landmark { kMean, kBounds, kPooled };
+enum class Gqa { kSoftmaxMax, kMax, kSum };
+
+struct LandmarkConfig {
+  int64_t chunk = 64, top_k = 32, window = 512, sinks = 4;
+  Landmark landmark = Landmark::kPooled;
+  Gqa gqa = Gqa::kSoftmaxMax;
+  bool extend_local = true;
+  bool dense_prefill = true;
+  bool entropy_bias = true;
+};
+
+float dot(const float* a, const float* b, int n) {
+  float s = 0.f;
+  for (int k = 0; k < n; ++k) s += a[k] * b[k];
+  return s;
+}
+
+float log_sum_exp(std::span<const float> x) {
+  float m = -std::numeric_limits<float>::infinity();
+  for (float v : x) m = std::max(m, v);
+  if (m == -std::numeric_limits<float>::infinity()) return m;
+  double s = 0;
+  for (float v : x) s += std::exp(double(v - m));
+  return m + float(std::log(s));
+}
+
+class LandmarkPolicy final : public AttentionPolicy {
+ public:
+  explicit LandmarkPolicy(const LandmarkConfig& c) : c_(c) {}
+
+  void select(const LayerStep& step, KeySelection& out) override {
+    const int n_kv = step.shape.n_kv_heads, d = step.shape.head_dim;
+    const int group = step.shape.n_heads / n_kv;
+    const float tau = 1.f / std::sqrt(float(d));
+    const CacheScan scan(*step.cache, n_kv);
+    close_chunks(step, scan, tau);
+    if (step.is_prefill && c_.dense_prefill) return;  // stays select_all
+    const LayerState& st = layers_[step.layer];
+    out.begin(step.n_new, n_kv);
+    for (int r = 0; r < step.n_new; ++r) {
+      const int64_t i = step.positions[r];
+      const int64_t n_elig = std::min<int64_t>(std::max<int64_t>(0, (i - c_.window + 1) / c_.chunk), st.n_closed);
+      const int64_t local_begin = c_.extend_local ? n_elig * c_.chunk : i - c_.window + 1;
+      for (int h = 0; h < n_kv; ++h) {
+        ranges_.clear();
+        ranges_.push_back({0, c_.sinks});
+        ranges_.push_back({local_begin, i + 1});
+        if (n_elig <= c_.top_k) {
+          ranges_.push_back({0, n_elig * c_.chunk});
+        } else {
+          score_chunks(step, scan, st.heads[h], r, h, group, n_elig, tau, i, local_begin);
+          order_.resize(size_t(n_elig));
+          std::iota(order_.begin(), order_.end(), 0);
+          auto better = [&](int32_t a, int32_t b) {
+            return agg_[a] != agg_[b] ? agg_[a] > agg_[b] : a < b;
+          };
+          std::nth_element(order_.begin(), order_.begin() + c_.top_k, order_.end(), better);
+          for (int64_t k = 0; k < c_.top_k; ++k)
+            ranges_.push_back({order_[k] * c_.chunk, (order_[k] + 1) * c_.chunk});
+        }
+        normalize_ranges(ranges_, i + 1);
+        add_position_ranges(scan, h, ranges_, out);
+        out.close_list();
+      }
+    }
+  }
+
+  void reset() override { layers_.clear(); }
+
+ private:
+  struct HeadChunks {
+    std::vector<float> keys;  // [n_closed, d] (mean, pooled) or [n_closed, 2, d] (bounds: max, min)
+    std::vector<float> bias;  // [n_closed]
+  };
+  struct LayerState {
+    int64_t n_closed = 0;
+    std::vector<HeadChunks> heads;  // [n_kv_heads]
+  };
+
+  // Landmarks for every chunk whose last position is now cached.
+  void close_chunks(const LayerStep& step, const CacheScan& scan, float tau) {
+    const int n_kv = step.shape.n_kv_heads, d = step.shape.head_dim;
+    const int group = step.shape.n_heads / n_kv;
+    if (int(layers_.size()) <= step.layer) layers_.resize(step.layer + 1);
+    LayerState& st = layers_[step.layer];
+    st.heads.resize(n_kv);
+    const int64_t target = tokens_seen(step) / c_.chunk;
+    for (int64_t c = st.n_closed; c < target; ++c) {
+      // The row of the chunk's last token in this step (for the pooled proxy query), or -1.
+      int proxy_row = -1;
+      for (int r = 0; r < step.n_new; ++r)
+        if (step.positions[r] == (c + 1) * c_.chunk - 1) proxy_row = r;
+      for (int h = 0; h < n_kv; ++h) {
+        const int b = scan.first_slot_at_or_after(h, c * c_.chunk);
+        const int e = scan.first_slot_at_or_after(h, (c + 1) * c_.chunk);
+        keys_.clear();
+        for (int s = b; s < e; ++s) {
+          if (!scan.valid(s, h)) continue;
+          keys_.resize(keys_.size() + d);
+          scan.view().load_key(s, h, keys_.data() + keys_.size() - d);
+        }
+        const int n = int(keys_.size() / d);
+        HeadChunks& hc = st.heads[h];
+        if (c_.landmark == Landmark::kBounds) {
+          std::vector<float> mx(d, -std::numeric_limits<float>::infinity()), mn(d, std::numeric_limits<float>::infinity());
+          for (int j = 0; j < n; ++j)
+            for (int k = 0; k < d; ++k) {
+              mx[k] = std::max(mx[k], keys_[size_t(j) * d + k]);
+              mn[k] = std::min(mn[k], keys_[size_t(j) * d + k]);
+            }
+          if (n == 0) std::fill(mx.begin(), mx.end(), 0.f), std::fill(mn.begin(), mn.end(), 0.f);
+          hc.keys.insert(hc.keys.end(), mx.begin(), mx.end());
+          hc.keys.insert(hc.keys.end(), mn.begin(), mn.end());
+          hc.bias.push_back(0.f);
+          continue;
+        }
+        std::vector<float> w(n, n ? 1.f / n : 0.f);  // mean weights
+        float bias = 0.f;
+        if (c_.landmark == Landmark::kPooled && proxy_row >= 0 && n > 0) {
+          std::vector<float> q(d, 0.f);
+          for (int g = 0; g < group; ++g) {
+            const float* qh = step.queries.data() + (size_t(proxy_row) * step.shape.n_heads + h * group + g) * d;
+            for (int k = 0; k < d; ++k) q[k] += qh[k] / group;
+          }
+          for (int j = 0; j < n; ++j) w[j] = tau * dot(q.data(), keys_.data() + size_t(j) * d, d);
+          const float lse = log_sum_exp(w);
+          for (int j = 0; j < n; ++j) {
+            const float logp = w[j] - lse;
+            w[j] = std::exp(logp);
+            if (c_.entropy_bias && w[j] > 0.f) bias -= w[j] * logp;
+          }
+        }
+        const size_t off = hc.keys.size();
+        hc.keys.resize(off + d, 0.f);
+        for (int j = 0; j < n; ++j)
+          for (int k = 0; k < d; ++k) hc.keys[off + k] += w[j] * keys_[size_t(j) * d + k];
+        hc.bias.push_back(bias);
+      }
+      st.n_closed = c + 1;
+    }
+  }
+
+  // agg_[c] for c < n_elig: the chunk scores of KV head h for row r (see the header).
+  void score_chunks(const LayerStep& step, const CacheScan& scan, const HeadChunks& hc, int r,
+                    int h, int group, int64_t n_elig, float tau, int64_t i, int64_t local_begin) {
+    const int d = step.shape.head_dim;
+    const bool probs = c_.gqa != Gqa::kMax;
+    agg_.assign(size_t(n_elig), c_.gqa == Gqa::kSum ? 0.f : -std::numeric_limits<float>::infinity());
+    if (probs) {  // keys of sinks u local region, for the local LSE
+      keys_.clear();
+      local_ranges_ = {{0, c_.sinks}, {local_begin, i + 1}};
+      normalize_ranges(local_ranges_, i + 1);
+      for (const PosRange& pr : local_ranges_)
+        for (int s = scan.first_slot_at_or_after(h, pr.begin), e = scan.first_slot_at_or_after(h, pr.end); s < e; ++s)
+          if (scan.valid(s, h)) {
+            keys_.resize(keys_.size() + d);
+            scan.view().load_key(s, h, keys_.data() + keys_.size() - d);
+          }
+    }
+    for (int g = 0; g < group; ++g) {
+      const float* q = step.queries.data() + (size_t(r) * step.shape.n_heads + h * group + g) * d;
+      logits_.resize(size_t(n_elig));
+      for (int64_t c = 0; c < n_elig; ++c) {
+        if (c_.landmark == Landmark::kBounds) {
+          const float* mx = hc.keys.data() + size_t(c) * 2 * d;
+          const float* mn = mx + d;
+          float s = 0.f;
+          for (int k = 0; k < d; ++k) s += std::max(q[k] * mx[k], q[k] * mn[k]);
+          logits_[c] = tau * s;
+        } else {
+          logits_[c] = tau * dot(q, hc.keys.data() + size_t(c) * d, d) + hc.bias[c];
+        }
+      }
+      if (!probs) {
+        for (int64_t c = 0; c < n_elig; ++c) agg_[c] = std::max(agg_[c], logits_[c]);
+        continue;
+      }
+      local_.clear();
+      for (size_t j = 0; j < keys_.size() / d; ++j) local_.push_back(tau * dot(q, keys_.data() + j * d, d));
+      const float local_lse = log_sum_exp(local_);
+      float z = log_sum_exp(logits_);
+      const float m = std::max(z, local_lse);
+      z = m == -std::numeric_limits<float>::infinity()
+              ? m : m + std::log(std::exp(z - m) + std::exp(local_lse - m));
+      for (int64_t c = 0; c < n_elig; ++c) {
+        const float p = std::exp(logits_[c] - z);
+        agg_[c] = c_.gqa == Gqa::kSum ? agg_[c] + p : std::max(agg_[c], p);
+      }
+    }
+  }
+
+  LandmarkConfig c_;
+  std::vector<LayerState> layers_;  // [layer]: the per-sequence state
+  // Scratch (overwritten every call).
+  std::vector<PosRange> ranges_, local_ranges_;
+  std::vector<float> keys_, agg_, logits_, local_;
+  std::vector<int32_t> order_;
+};
+
+int64_t pow2_floor(int64_t x) { return x < 1 ? 1 : int64_t(std::bit_floor(uint64_t(x))); }
+
+}  // namespace
+
+std::unique_ptr<PolicyFactory> make_landmark_factory() {
+  ParamSpecs specs = {
+      {"chunk_size", ParamType::kInt, int64_t(0), "C: tokens per chunk (0 = auto: 64, scaled down for small models)", 0.0, std::nullopt, {}},
+      {"top_k", ParamType::kInt, int64_t(0), "K: chunks read per KV head (0 = auto: 32, scaled down)", 0.0, std::nullopt, {}},
+      {"window", ParamType::kInt, int64_t(0), "W: local window (0 = auto: 512, scaled down)", 0.0, std::nullopt, {}},
+      {"sinks", ParamType::kInt, int64_t(4), "S: first positions always read", 0.0, std::nullopt, {}},
+      {"landmark", ParamType::kString, std::string("pooled"),
+       "chunk summary: mean key, Quest min/max bounds, or attention-pooled key (last query)",
+       std::nullopt, std::nullopt, {"pooled", "mean", "bounds"}},
+      {"entropy_bias", ParamType::kBool, true, "pooled: add the entropy bias -sum p log p", std::nullopt, std::nullopt, {}},
+      {"gqa", ParamType::kString, std::string("softmax_max"),
+       "aggregate chunk scores over a KV head's query heads", std::nullopt, std::nullopt,
+       {"softmax_max", "max", "sum"}},
+      {"local", ParamType::kString, std::string("extend"),
+       "extend: local region reaches back to the last eligible chunk; exact: W keys", std::nullopt,
+       std::nullopt, {"extend", "exact"}},
+      {"prefill", ParamType::kString, std::string("dense"),
+       "dense: prefill chunks read everything; select: select per row", std::nullopt,
+       std::nullopt, {"dense", "select"}},
+  };
+  return std::make_unique<SimplePolicyFactory>(
+      "landmark", "HiLS-style chunk selection: sinks + local window + top-K chunks by landmark",
+      std::move(specs), [](const ParamValues& p, const PolicyModelShape& shape) {
+        LandmarkConfig c;
+        const int64_t L = shape.max_seq_len;
+        const bool small = L > 0 && L < 8192;
+        c.chunk = p.get_int("chunk_size");
+        if (c.chunk == 0) c.chunk = small ? std::clamp<int64_t>(pow2_floor(L / 128), 8, 64) : 64;
+        c.window = p.get_int("window");
+        if (c.window == 0) c.window = small ? std::clamp<int64_t>(L / 16, 2 * c.chunk, 512) : 512;
+        c.top_k = p.get_int("top_k");
+        if (c.top_k == 0) c.top_k = small ? std::clamp<int64_t>(L / (4 * c.chunk), 2, 32) : 32;
+        c.sinks = p.get_int("sinks");
+        const std::string& lm = p.get_string("landmark");
+        c.landmark = lm == "mean" ? Landmark::kMean : lm == "bounds" ? Landmark::kBounds : Landmark::kPooled;
+        c.entropy_bias = p.get_bool("entropy_bias");
+        const std::string& g = p.get_string("gqa");
+        c.gqa = g == "max" ? Gqa::kMax : g == "sum" ? Gqa::kSum : Gqa::kSoftmaxMax;
+        c.extend_local = p.get_string("local") == "extend";
+        c.dense_prefill = p.get_string("prefill") == "dense";
+        if (c.window < 1) fail("landmark: window must be >= 1");
+        return std::make_unique<LandmarkPolicy>(c);
+      },
+      std::map<std::string, ParamValue>{{"top_k", int64_t(1) << 40}, {"prefill", std::string("select")}});
+}
+
+}  // namespace kvlab

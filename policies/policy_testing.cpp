@@ -1,0 +1,265 @@
+#include "policies/policy_testing.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "framework/core/error.h"
+
+namespace kvlab::testing {
+
+FakeLayerCache::FakeLayerCache(int n_kv_heads, int head_dim, bool flat, int block_size_tokens)
+    : n_kv_(n_kv_heads), d_(head_dim), flat_(flat), block_(block_size_tokens) {}
+
+int FakeLayerCache::append(int64_t position, const float* k, const float* v) {
+  for (int h = 0; h < n_kv_; ++h) {
+    pos_.push_back(position);
+    valid_.push_back(1);
+  }
+  k_.insert(k_.end(), k, k + size_t(n_kv_) * d_);
+  v_.insert(v_.end(), v, v + size_t(n_kv_) * d_);
+  return n_slots_++;
+}
+
+void FakeLayerCache::load_key(int s, int h, float* out) const {
+  std::copy_n(key(s, h), d_, out);
+}
+
+int64_t FakeLayerCache::resident(int h) const {
+  int64_t n = 0;
+  for (int s = 0; s < n_slots_; ++s) n += valid_[idx(s, h)];
+  return n;
+}
+
+void FakeLayerCache::evict(const Evictions& ev) {
+  if (int(ev.slots.size()) != n_kv_) fail("evictions for ", ev.slots.size(), " heads, cache has ", n_kv_);
+  for (int h = 0; h < n_kv_; ++h) {
+    std::vector<int32_t> s = ev.slots[h];
+    std::sort(s.begin(), s.end());
+    for (size_t i = 0; i < s.size(); ++i) {
+      if (s[i] < 0 || s[i] >= n_slots_) fail("evicted slot ", s[i], " out of range [0, ", n_slots_, ")");
+      if (i && s[i] == s[i - 1]) fail("slot ", s[i], " evicted twice (head ", h, ")");
+      if (!valid_[idx(s[i], h)]) fail("slot ", s[i], " of head ", h, " is already a hole");
+    }
+  }
+  for (int h = 0; h < n_kv_; ++h)
+    for (int32_t s : ev.slots[h]) valid_[idx(s, h)] = 0;
+  int64_t max_live = 0;
+  for (int h = 0; h < n_kv_; ++h) max_live = std::max(max_live, resident(h));
+  if (n_slots_ - max_live > std::max<int64_t>(block_, n_slots_ / 50)) compact();
+}
+
+void FakeLayerCache::compact() {
+  int64_t max_live = 0;
+  for (int h = 0; h < n_kv_; ++h) max_live = std::max(max_live, resident(h));
+  std::vector<int64_t> pos(size_t(max_live) * n_kv_);
+  std::vector<uint8_t> valid(size_t(max_live) * n_kv_, 0);
+  std::vector<float> k(size_t(max_live) * n_kv_ * d_, 0.f), v(k.size(), 0.f);
+  for (int h = 0; h < n_kv_; ++h) {
+    int j = 0;
+    for (int s = 0; s < n_slots_; ++s) {
+      if (!valid_[idx(s, h)]) continue;
+      const size_t o = size_t(j) * n_kv_ + h;
+      pos[o] = pos_[idx(s, h)];
+      valid[o] = 1;
+      std::copy_n(key(s, h), d_, k.data() + o * d_);
+      std::copy_n(value(s, h), d_, v.data() + o * d_);
+      ++j;
+    }
+    for (; j < max_live; ++j)  // trailing holes: copy the previous position (non-decreasing)
+      pos[size_t(j) * n_kv_ + h] = j ? pos[size_t(j - 1) * n_kv_ + h] : 0;
+  }
+  pos_ = std::move(pos), valid_ = std::move(valid), k_ = std::move(k), v_ = std::move(v);
+  n_slots_ = int(max_live);
+  ++compactions_;
+}
+
+namespace {
+uint64_t splitmix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+}  // namespace
+
+void generate(const SimOptions& o, uint64_t seed, int layer, int64_t position, int kind, float* out) {
+  const int rows = kind == 0 ? o.n_heads : o.n_kv_heads;
+  const float scale = kind == 0 ? o.query_scale : 1.f;
+  uint64_t st = splitmix(seed * 1000003ull + uint64_t(layer) * 7919ull + uint64_t(position) * 31ull + uint64_t(kind));
+  for (int i = 0; i < rows * o.head_dim; ++i) {
+    st = splitmix(st);
+    out[i] = scale * (float(st >> 40) / float(1ull << 24) * 2.f - 1.f);
+  }
+}
+
+PolicySimulator::PolicySimulator(const SimOptions& o, uint64_t seed) : o_(o), seed_(seed) {
+  restart(seed);
+}
+
+PolicyModelShape PolicySimulator::shape() const {
+  return {o_.n_layers, o_.n_heads, o_.n_kv_heads, o_.head_dim, o_.max_seq_len};
+}
+
+void PolicySimulator::restart(uint64_t seed) {
+  seed_ = seed;
+  n_seen_ = 0;
+  caches_.clear();
+  for (int l = 0; l < o_.n_layers; ++l) caches_.emplace_back(o_.n_kv_heads, o_.head_dim, o_.flat_view);
+}
+
+std::string check_selection(const KeySelection& sel, const LayerStep& step) {
+  if (sel.all) return "";
+  const int n_kv = step.shape.n_kv_heads;
+  if (sel.n_rows != step.n_new || sel.n_kv_heads != n_kv)
+    return str_cat("selection shape ", sel.n_rows, "x", sel.n_kv_heads, " != ", step.n_new, "x", n_kv);
+  if (int(sel.indptr.size()) != step.n_new * n_kv + 1) return "indptr has the wrong length";
+  const int n_slots = step.cache->n_slots();
+  for (int r = 0; r < step.n_new; ++r)
+    for (int h = 0; h < n_kv; ++h) {
+      int32_t prev_end = -1;
+      for (const SlotRange& rg : sel.list(r, h)) {
+        if (rg.begin >= rg.end) return str_cat("empty range at row ", r, " head ", h);
+        if (rg.begin < 0 || rg.end > n_slots) return str_cat("range out of [0, ", n_slots, ")");
+        if (rg.begin <= prev_end) return str_cat("ranges not sorted/disjoint at row ", r, " head ", h);
+        prev_end = rg.end;
+        for (int s = rg.begin; s < rg.end; ++s)
+          if (step.cache->slot_valid(s, h) && step.cache->slot_position(s, h) > step.positions[r])
+            return str_cat("non-causal slot ", s, " at row ", r);
+      }
+    }
+  return "";
+}
+
+PolicySimulator::Step PolicySimulator::step(AttentionPolicy& policy, int n_new) {
+  const PolicyModelShape sh = shape();
+  const int H = o_.n_heads, Hkv = o_.n_kv_heads, d = o_.head_dim, G = H / Hkv;
+  const float tau = 1.f / std::sqrt(float(d));
+  const PolicyNeeds needs = policy.needs();
+  Step res;
+  std::vector<int64_t> positions(n_new);
+  for (int r = 0; r < n_new; ++r) positions[r] = n_seen_ + r;
+  for (int layer = 0; layer < o_.n_layers; ++layer) {
+    FakeLayerCache& cache = caches_[layer];
+    std::vector<float> q(size_t(n_new) * H * d), k(size_t(Hkv) * d), v(size_t(Hkv) * d);
+    for (int r = 0; r < n_new; ++r) {
+      generate(o_, seed_, layer, positions[r], 0, q.data() + size_t(r) * H * d);
+      generate(o_, seed_, layer, positions[r], 1, k.data());
+      generate(o_, seed_, layer, positions[r], 2, v.data());
+      cache.append(positions[r], k.data(), v.data());
+    }
+    LayerStep ls;
+    ls.layer = layer;
+    ls.is_prefill = n_new > 1;
+    ls.n_new = n_new;
+    ls.positions = positions;
+    ls.queries = q;
+    ls.cache = &cache;
+    ls.shape = sh;
+    KeySelection sel;
+    sel.select_all();
+    policy.select(ls, sel);
+    if (std::string e = check_selection(sel, ls); !e.empty())
+      res.violations.push_back(str_cat("layer ", layer, ": ", e));
+    // Plain-loop attention over the selection (valid, causal), with key mass.
+    const int n_slots = cache.n_slots();
+    std::vector<float> mass(needs.key_attention_mass ? size_t(Hkv) * n_slots : 0, 0.f);
+    std::vector<float> out(size_t(n_new) * H * d, 0.f);
+    std::vector<int32_t> slots;
+    std::vector<float> p;
+    for (int r = 0; r < n_new; ++r)
+      for (int qh = 0; qh < H; ++qh) {
+        const int h = qh / G;
+        slots.clear();
+        auto take = [&](int s) {
+          if (cache.slot_valid(s, h) && cache.slot_position(s, h) <= positions[r]) slots.push_back(s);
+        };
+        if (sel.all || !sel.n_rows) {
+          for (int s = 0; s < n_slots; ++s) take(s);
+        } else {
+          for (const SlotRange& rg : sel.list(r, h))
+            for (int s = std::max(0, rg.begin); s < std::min(rg.end, n_slots); ++s) take(s);
+        }
+        if (slots.empty()) continue;
+        const float* qv = q.data() + (size_t(r) * H + qh) * d;
+        p.assign(slots.size(), 0.f);
+        float m = -std::numeric_limits<float>::infinity();
+        for (size_t t = 0; t < slots.size(); ++t) {
+          const float* kv = cache.key(slots[t], h);
+          float s = 0.f;
+          for (int f = 0; f < d; ++f) s += qv[f] * kv[f];
+          p[t] = tau * s;
+          m = std::max(m, p[t]);
+        }
+        double z = 0;
+        for (float& x : p) z += (x = std::exp(x - m));
+        float* o = out.data() + (size_t(r) * H + qh) * d;
+        for (size_t t = 0; t < slots.size(); ++t) {
+          const float w = float(p[t] / z);
+          const float* vv = cache.value(slots[t], h);
+          for (int f = 0; f < d; ++f) o[f] += w * vv[f];
+          if (!mass.empty()) mass[size_t(h) * n_slots + slots[t]] += w;
+        }
+      }
+    StepStats stats;
+    stats.key_mass = mass;
+    stats.n_slots = n_slots;
+    Evictions ev;
+    ev.clear(Hkv);
+    policy.after_attention(ls, stats, ev);
+    try {
+      cache.evict(ev);
+    } catch (const Error& e) {
+      res.violations.push_back(str_cat("layer ", layer, ": bad evictions: ", e.what()));
+    }
+    res.out.push_back(std::move(out));
+    std::vector<int64_t> resident(Hkv);
+    for (int h = 0; h < Hkv; ++h) resident[h] = cache.resident(h);
+    res.resident.push_back(std::move(resident));
+  }
+  n_seen_ += n_new;
+  return res;
+}
+
+std::vector<float> dense_reference(const SimOptions& o, uint64_t seed, int layer, int64_t i,
+                                   const std::function<bool(int, int64_t)>& allow) {
+  const int H = o.n_heads, Hkv = o.n_kv_heads, d = o.head_dim, G = H / Hkv;
+  const float tau = 1.f / std::sqrt(float(d));
+  std::vector<float> q(size_t(H) * d), k(size_t(Hkv) * d), v(size_t(Hkv) * d);
+  generate(o, seed, layer, i, 0, q.data());
+  std::vector<std::vector<float>> keys, values;
+  for (int64_t j = 0; j <= i; ++j) {
+    generate(o, seed, layer, j, 1, k.data());
+    generate(o, seed, layer, j, 2, v.data());
+    keys.push_back(k), values.push_back(v);
+  }
+  std::vector<float> out(size_t(H) * d, 0.f);
+  for (int qh = 0; qh < H; ++qh) {
+    const int h = qh / G;
+    std::vector<double> s;
+    std::vector<int64_t> js;
+    double m = -1e300;
+    for (int64_t j = 0; j <= i; ++j) {
+      if (!allow(h, j)) continue;
+      double x = 0;
+      for (int f = 0; f < d; ++f) x += double(q[size_t(qh) * d + f]) * keys[j][size_t(h) * d + f];
+      s.push_back(tau * x), js.push_back(j);
+      m = std::max(m, s.back());
+    }
+    double z = 0;
+    for (double& x : s) z += (x = std::exp(x - m));
+    for (size_t t = 0; t < s.size(); ++t)
+      for (int f = 0; f < d; ++f)
+        out[size_t(qh) * d + f] += float(s[t] / z * values[js[t]][size_t(h) * d + f]);
+  }
+  return out;
+}
+
+float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  if (a.size() != b.size()) return std::numeric_limits<float>::infinity();
+  float m = 0.f;
+  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::fabs(a[i] - b[i]));
+  return m;
+}
+
+}  // namespace kvlab::testing

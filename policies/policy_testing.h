@@ -1,0 +1,101 @@
+// Test support for policies, independent of the engine: a fake per-sequence cache with the KV
+// store's semantics (holes, per-head eviction, order-preserving compaction) and a simulator that
+// drives any AttentionPolicy through the step protocol of policy.h with a plain-loop attention.
+//
+// The simulator's "model" gives every (layer, position) deterministic pseudo-random q, k, v
+// (queries [n_heads, d], keys/values [n_kv_heads, d]) that do not depend on earlier outputs, so
+// the output of each (layer, query) is a pure function of which keys it read: exactly what the
+// conformance tests compare (unlimited budget == full; mask policies == dense masked reference,
+// computed from the generator, never from the cache).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "framework/policy/policy.h"
+
+namespace kvlab::testing {
+
+class FakeLayerCache final : public LayerCacheView {
+ public:
+  // flat = expose positions_data()/valid_data() (the fast path) or only the virtual accessors.
+  FakeLayerCache(int n_kv_heads, int head_dim, bool flat, int block_size_tokens = 4);
+  int append(int64_t position, const float* k, const float* v);  // k, v: [n_kv_heads, head_dim]
+  // Throws kvlab::Error on an out-of-range, duplicate or already-evicted slot (before changing
+  // anything). Frees nothing (no blocks) but compacts like the store: when
+  // n_slots - max_h live(h) > max(block, 2% n_slots), live slots move down per head.
+  void evict(const Evictions& ev);
+
+  int n_slots() const override { return n_slots_; }
+  bool slot_valid(int s, int h) const override { return valid_[idx(s, h)] != 0; }
+  int64_t slot_position(int s, int h) const override { return pos_[idx(s, h)]; }
+  void load_key(int s, int h, float* out) const override;
+  const int64_t* positions_data() const override { return flat_ ? pos_.data() : nullptr; }
+  const uint8_t* valid_data() const override { return flat_ ? valid_.data() : nullptr; }
+
+  const float* key(int s, int h) const { return k_.data() + idx(s, h) * d_; }
+  const float* value(int s, int h) const { return v_.data() + idx(s, h) * d_; }
+  int64_t resident(int h) const;
+  int64_t compactions() const { return compactions_; }
+
+ private:
+  size_t idx(int s, int h) const { return size_t(s) * n_kv_ + h; }
+  void compact();
+  int n_kv_, d_;
+  bool flat_;
+  int block_;
+  int n_slots_ = 0;
+  std::vector<int64_t> pos_;   // [n_slots, n_kv]
+  std::vector<uint8_t> valid_; // [n_slots, n_kv]
+  std::vector<float> k_, v_;   // [n_slots, n_kv, d]
+  int64_t compactions_ = 0;
+};
+
+struct SimOptions {
+  int n_layers = 2, n_heads = 4, n_kv_heads = 2, head_dim = 8;
+  int max_seq_len = 512;
+  bool flat_view = true;
+  float query_scale = 3.f;  // larger = peakier attention
+};
+
+// Deterministic generator: q (kind 0, n_heads rows), k (1), v (2) of (seed, layer, position).
+void generate(const SimOptions& o, uint64_t seed, int layer, int64_t position, int kind, float* out);
+
+class PolicySimulator {
+ public:
+  PolicySimulator(const SimOptions& o, uint64_t seed);
+  PolicyModelShape shape() const;
+  struct Step {
+    std::vector<std::vector<float>> out;        // [layer][n_new * n_heads * head_dim]
+    std::vector<std::vector<int64_t>> resident; // [layer][kv_head] after evictions
+    std::vector<std::string> violations;        // selection/eviction contract breaches
+  };
+  // Feeds n_new tokens (positions n_seen ..) as one step through every layer.
+  Step step(AttentionPolicy& policy, int n_new);
+  // A new sample: fresh cache and seed, position 0 (the policy is reset by the caller).
+  void restart(uint64_t seed);
+  int64_t n_seen() const { return n_seen_; }
+  const FakeLayerCache& cache(int layer) const { return caches_[layer]; }
+  const SimOptions& options() const { return o_; }
+
+ private:
+  SimOptions o_;
+  uint64_t seed_;
+  int64_t n_seen_ = 0;
+  std::vector<FakeLayerCache> caches_;
+};
+
+// Output [n_heads * head_dim] of query position i in `layer`, attending exactly to the keys
+// j <= i with allow(kv_head, j), straight from the generator.
+std::vector<float> dense_reference(const SimOptions& o, uint64_t seed, int layer, int64_t i,
+                                   const std::function<bool(int kv_head, int64_t j)>& allow);
+
+// "" when `sel` is well formed for `step` (explicit lists sorted, disjoint, non-empty ranges in
+// [0, n_slots), every selected slot causal for its row); else a description.
+std::string check_selection(const KeySelection& sel, const LayerStep& step);
+
+float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b);
+
+}  // namespace kvlab::testing

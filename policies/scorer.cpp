@@ -1,0 +1,80 @@
+#include "policies/scorer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "framework/core/error.h"
+#include "policies/cache_scan.h"
+
+namespace kvlab {
+
+int64_t ScorerBudget::recent_tokens(int64_t n_seen) const {
+  return ratio ? int64_t(std::floor(recent * double(n_seen))) : int64_t(recent);
+}
+int64_t ScorerBudget::keep_tokens(int64_t n_seen) const {
+  return ratio ? int64_t(std::floor(keep * double(n_seen))) : int64_t(keep);
+}
+
+ScorerBudget ScorerBudget::from_params(const ParamValues& p, const std::string& keep_name) {
+  ScorerBudget b;
+  b.sinks = p.get_int("sinks");
+  b.recent = p.get_float("recent");
+  b.keep = p.get_float(keep_name);
+  b.ratio = p.get_string("units") == "ratio";
+  if (!b.ratio && (b.recent != std::floor(b.recent) || b.keep != std::floor(b.keep)))
+    fail("units: tokens needs whole numbers for 'recent' and '", keep_name, "', got ",
+         b.recent, " and ", b.keep);
+  return b;
+}
+
+ParamSpecs scorer_param_specs(const ScorerDefaults& d) {
+  return {
+      {"sinks", ParamType::kInt, d.sinks, "first resident tokens always kept", 0.0, std::nullopt, {}},
+      {"recent", ParamType::kFloat, d.recent,
+       "most recent tokens always kept (tokens, or ratio of the length with units=ratio)", 0.0,
+       std::nullopt, {}},
+      {d.keep_name, ParamType::kFloat, d.keep, d.keep_doc + " (tokens, or ratio of the length)",
+       0.0, std::nullopt, {}},
+      {"units", ParamType::kString, d.units, "how recent and " + d.keep_name + " are given",
+       std::nullopt, std::nullopt, {"ratio", "tokens"}},
+  };
+}
+
+void ScorerPolicy::after_attention(const LayerStep& step, const StepStats& stats,
+                                   Evictions& out) {
+  observe(step, stats);
+  const int64_t n_seen = tokens_seen(step);
+  const int64_t sinks = budget_.sinks;
+  const int64_t recent = budget_.recent_tokens(n_seen);
+  const int64_t keep = budget_.keep_tokens(n_seen);
+  const CacheScan scan(*step.cache, step.shape.n_kv_heads);
+  for (int h = 0; h < step.shape.n_kv_heads; ++h) {
+    scan.valid_slots(h, slots_, &positions_);
+    const int64_t n = int64_t(slots_.size());
+    if (n <= sinks + recent + keep) continue;
+    // Candidates: ranks [sinks, n - recent).
+    const int64_t first = sinks, last = n - recent;
+    candidates_.clear();
+    for (int64_t r = first; r < last; ++r) candidates_.push_back({slots_[r], positions_[r]});
+    scores_.assign(candidates_.size(), 0.f);
+    score(step, stats, h, candidates_, scores_);
+    order_.resize(candidates_.size());
+    std::iota(order_.begin(), order_.end(), 0);
+    // Higher score first; ties to the lower position (candidates are in position order).
+    auto better = [&](int32_t a, int32_t b) {
+      return scores_[a] != scores_[b] ? scores_[a] > scores_[b] : a < b;
+    };
+    std::nth_element(order_.begin(), order_.begin() + keep, order_.end(), better);
+    evicted_positions_.clear();
+    for (size_t k = size_t(keep); k < order_.size(); ++k) {
+      out.slots[h].push_back(candidates_[order_[k]].slot);
+      evicted_positions_.push_back(candidates_[order_[k]].position);
+    }
+    std::sort(out.slots[h].begin(), out.slots[h].end());
+    std::sort(evicted_positions_.begin(), evicted_positions_.end());
+    on_evict(step.layer, h, evicted_positions_);
+  }
+}
+
+}  // namespace kvlab

@@ -1,0 +1,81 @@
+// sliding_window: query i reads keys i - W < j <= i (W keys including itself; with plus_one,
+// i - W <= j <= i, the Mistral paper's W + 1), POLICIES.md 2.
+//   mode=evict (default): after each step, drop every key no later query can read (the W-slot
+//     rolling buffer); a prefill chunk's rows are still masked to their windows.
+//   mode=mask: keep everything, select the window per query row.
+// Keys keep their original RoPE positions.
+#include "framework/core/error.h"
+#include "framework/policy/simple_factory.h"
+#include "kernels/common/masks.h"
+#include "policies/builtin.h"
+#include "policies/cache_scan.h"
+
+namespace kvlab {
+namespace {
+
+class SlidingWindowPolicy final : public AttentionPolicy {
+ public:
+  SlidingWindowPolicy(int64_t window, bool plus_one, bool evict)
+      : mask_{window, plus_one}, evict_(evict) {}
+
+  void select(const LayerStep& step, KeySelection& out) override {
+    const CacheScan scan(*step.cache, step.shape.n_kv_heads);
+    out.begin(step.n_new, step.shape.n_kv_heads);
+    for (int r = 0; r < step.n_new; ++r) {
+      const int64_t i = step.positions[r];
+      const PosRange range{first_readable(i), i + 1};
+      for (int h = 0; h < step.shape.n_kv_heads; ++h) {
+        add_position_ranges(scan, h, {&range, 1}, out);
+        out.close_list();
+      }
+    }
+  }
+
+  void after_attention(const LayerStep& step, const StepStats&, Evictions& out) override {
+    if (!evict_) return;
+    // The next query (position n_seen) reads nothing before first_readable(n_seen).
+    const int64_t keep_from = first_readable(tokens_seen(step));
+    const CacheScan scan(*step.cache, step.shape.n_kv_heads);
+    for (int h = 0; h < step.shape.n_kv_heads; ++h)
+      for (int s = 0; s < scan.n_slots() && scan.position(s, h) < keep_from; ++s)
+        if (scan.valid(s, h)) out.slots[h].push_back(s);
+  }
+
+  int64_t budget_tokens(int, int64_t) const override {
+    return evict_ ? mask_.window + (mask_.plus_one ? 1 : 0) : -1;
+  }
+  void reset() override {}
+  std::optional<ClaimedMask> claimed_mask() const override {
+    const SlidingWindowMask m = mask_;
+    return ClaimedMask{[m](int, int, int64_t i, int64_t j) { return m(i, j); }};
+  }
+
+ private:
+  int64_t first_readable(int64_t i) const { return i - mask_.window + (mask_.plus_one ? 0 : 1); }
+  SlidingWindowMask mask_;
+  bool evict_;
+};
+
+}  // namespace
+
+std::unique_ptr<PolicyFactory> make_sliding_window_factory() {
+  ParamSpecs specs = {
+      {"window", ParamType::kInt, int64_t(4096), "W: keys each query reads, itself included",
+       1.0, std::nullopt, {}},
+      {"plus_one", ParamType::kBool, false,
+       "window semantics: false = i-W < j <= i (W keys, as HF); true = i-W <= j <= i (W+1, "
+       "Mistral paper)", std::nullopt, std::nullopt, {}},
+      {"mode", ParamType::kString, std::string("evict"),
+       "evict = drop keys that left the window (rolling buffer); mask = keep them, select",
+       std::nullopt, std::nullopt, {"evict", "mask"}},
+  };
+  return std::make_unique<SimplePolicyFactory>(
+      "sliding_window", "the W most recent keys (sliding window; evicts or masks)",
+      std::move(specs), [](const ParamValues& p, const PolicyModelShape&) {
+        return std::make_unique<SlidingWindowPolicy>(p.get_int("window"), p.get_bool("plus_one"),
+                                                     p.get_string("mode") == "evict");
+      },
+      std::map<std::string, ParamValue>{{"window", int64_t(1) << 40}});
+}
+
+}  // namespace kvlab
