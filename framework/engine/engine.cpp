@@ -1,0 +1,530 @@
+#include "framework/engine/engine.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <unordered_set>
+
+#include "framework/core/error.h"
+#include "framework/engine/linear.h"
+#include "framework/engine/ops.h"
+#include "kernels/cpu/attention.h"
+
+namespace kvlab {
+
+const char* step_status_name(StepStatus status) {
+  switch (status) {
+    case StepStatus::kOk: return "ok";
+    case StepStatus::kOutOfBlocks: return "out_of_blocks";
+    case StepStatus::kContextFull: return "context_full";
+  }
+  return "?";
+}
+
+PolicyModelShape policy_shape(const ModelConfig& c) {
+  return PolicyModelShape{c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim, c.max_seq_len};
+}
+
+namespace {
+
+Matrix as_matrix(const WeightView& w) { return Matrix{w.dtype, w.rows, w.cols, w.data}; }
+
+RopeConfig rope_config(const ModelConfig& c) {
+  if (!c.rope_freq_factors.empty())
+    fail("model ", c.arch, ": per-pair RoPE frequency factors (GGUF rope_freqs.weight) are not "
+         "supported by the CPU RoPE kernel yet");
+  RopeConfig r;
+  r.layout = c.rope_style == RopeStyle::kNeox ? RopeLayout::kNeox : RopeLayout::kInterleaved;
+  r.head_dim = c.head_dim;
+  r.theta = c.rope_theta;
+  const std::string& t = c.rope_scaling.type;
+  if (t == "none") r.scaling = RopeScalingKind::kNone;
+  else if (t == "linear") r.scaling = RopeScalingKind::kLinear;
+  else if (t == "llama3") r.scaling = RopeScalingKind::kLlama3;
+  else fail("model ", c.arch, ": unknown rope scaling '", t, "'");
+  r.factor = c.rope_scaling.factor;
+  r.low_freq_factor = c.rope_scaling.low_freq_factor;
+  r.high_freq_factor = c.rope_scaling.high_freq_factor;
+  r.original_max_position = c.rope_scaling.original_max_position;
+  return r;
+}
+
+// A table for the usual contexts; positions beyond are computed on the fly (identical values).
+constexpr int64_t kMaxRopeTablePositions = 32768;
+
+}  // namespace
+
+// Dense attention of one probed layer over every token the sequence has seen (evicted ones
+// included): rows kept here only when probing.
+struct ProbeShadow {
+  std::vector<float> k, v;         // [n_seen, n_kv_heads, head_dim] keys as stored, values
+  std::vector<int64_t> positions;  // [n_seen]
+};
+
+struct Engine::Sequence {
+  SeqId id = -1;
+  std::unique_ptr<AttentionPolicy> policy;
+  PolicyNeeds needs;
+  int64_t n_tokens = 0;
+  int64_t decode_steps = 0;
+  double set_sum = 0, achieved_sum = 0, set_last = 0, achieved_last = 0;
+  double step_set = 0, step_achieved = 0;  // accumulated over the layers of the current step
+  int64_t blocks_current = 0, blocks_peak = 0;
+  // probe
+  std::vector<ProbeShadow> shadow;  // [n_layers] (only probed layers filled)
+  bool probing_step = false;
+  int64_t probe_samples = 0;
+  double recall_sum = 0, recall_min = 1, err_sum = 0, err_max = 0;
+};
+
+struct Engine::Group {
+  Sequence* seq = nullptr;
+  int row0 = 0, n_rows = 0;
+  bool decode = false;
+  std::vector<int64_t> positions;  // [n_rows] text positions
+};
+
+struct Engine::Scratch {
+  std::vector<float> x, h, q, k, v, att, tmp, gate, up;
+  LinearScratch linear;
+  KeySelection selection;
+  Evictions evictions;
+  std::vector<float> key_mass;
+  std::vector<int32_t> key_rope_pos;
+  std::vector<int64_t> resident_before;  // [n_kv_heads]
+  std::vector<float> q_probe;            // [n_heads, head_dim] query at its text position (probe)
+  void ensure(int rows, const ModelConfig& c) {
+    const size_t r = static_cast<size_t>(rows);
+    const size_t qd = static_cast<size_t>(c.n_heads) * c.head_dim;
+    const size_t kvd = static_cast<size_t>(c.n_kv_heads) * c.head_dim;
+    if (x.size() >= r * c.dim) return;
+    x.resize(r * c.dim), h.resize(r * c.dim), tmp.resize(r * c.dim);
+    q.resize(r * qd), att.resize(r * qd), k.resize(r * kvd), v.resize(r * kvd);
+    gate.resize(r * c.hidden_dim), up.resize(r * c.hidden_dim);
+  }
+};
+
+Engine::Engine(const Model& model, const EngineOptions& opts)
+    : model_(model), opts_(opts), pool_(opts.threads), scratch_(std::make_unique<Scratch>()) {
+  const ModelConfig& c = model.config;
+  if (c.dim <= 0 || c.n_layers <= 0 || c.n_heads <= 0 || c.n_kv_heads <= 0 || c.head_dim <= 0 ||
+      c.n_heads % c.n_kv_heads != 0 || c.vocab_size <= 0 || c.max_seq_len <= 0)
+    fail("engine: model config has an invalid shape (dim ", c.dim, ", layers ", c.n_layers,
+         ", heads ", c.n_heads, "/", c.n_kv_heads, ", head_dim ", c.head_dim, ")");
+  if (static_cast<int>(model.layers.size()) != c.n_layers)
+    fail("engine: model has ", model.layers.size(), " layers, config says ", c.n_layers);
+  if (opts.block_size_tokens <= 0) fail("engine: block_size_tokens must be > 0");
+  if (opts.prefill_chunk_tokens <= 0) fail("engine: prefill_chunk_tokens must be > 0");
+  if (opts.max_batch <= 0) fail("engine: max_batch must be > 0");
+  opts_.threads = pool_.size();
+  if (opts_.probe && opts_.probe_layers.empty())
+    opts_.probe_layers = {0, c.n_layers / 2, c.n_layers - 1};
+  std::sort(opts_.probe_layers.begin(), opts_.probe_layers.end());
+  opts_.probe_layers.erase(std::unique(opts_.probe_layers.begin(), opts_.probe_layers.end()),
+                           opts_.probe_layers.end());
+  for (int l : opts_.probe_layers)
+    if (l < 0 || l >= c.n_layers) fail("engine: probe layer ", l, " out of range [0, ", c.n_layers, ")");
+
+  KvStoreConfig kc;
+  kc.n_layers = c.n_layers;
+  kc.n_kv_heads = c.n_kv_heads;
+  kc.head_dim = c.head_dim;
+  kc.block_size_tokens = opts.block_size_tokens;
+  const size_t block_bytes = size_t{2} * opts.block_size_tokens * c.n_kv_heads * c.head_dim * sizeof(float);
+  const size_t blocks_per_seq =
+      static_cast<size_t>(c.n_layers) * ((c.max_seq_len + opts.block_size_tokens - 1) / opts.block_size_tokens);
+  kc.budget_bytes = opts.kv_budget_bytes ? opts.kv_budget_bytes : blocks_per_seq * opts.max_batch * block_bytes;
+  store_ = std::make_unique<KvStore>(kc);
+  rope_ = RopeTable(rope_config(c), std::min<int64_t>(c.max_seq_len, kMaxRopeTablePositions));
+}
+
+Engine::~Engine() = default;
+
+Engine::Sequence& Engine::seq_at(SeqId seq) {
+  auto it = seqs_.find(seq);
+  if (it == seqs_.end()) fail("engine: unknown sequence ", seq);
+  return *it->second;
+}
+const Engine::Sequence& Engine::seq_at(SeqId seq) const {
+  auto it = seqs_.find(seq);
+  if (it == seqs_.end()) fail("engine: unknown sequence ", seq);
+  return *it->second;
+}
+
+SeqId Engine::start_sequence(std::unique_ptr<AttentionPolicy> policy) {
+  auto s = std::make_unique<Sequence>();
+  s->id = store_->create_sequence();
+  if (policy) s->needs = policy->needs();
+  s->policy = std::move(policy);
+  if (opts_.probe) s->shadow.resize(config().n_layers);
+  const SeqId id = s->id;
+  seqs_[id] = std::move(s);
+  return id;
+}
+
+void Engine::end_sequence(SeqId seq) {
+  seq_at(seq);
+  store_->free_sequence(seq);
+  seqs_.erase(seq);
+}
+
+SeqId Engine::fork(SeqId seq, std::unique_ptr<AttentionPolicy> child_policy) {
+  const Sequence& parent = seq_at(seq);
+  if (parent.policy && !child_policy)
+    fail("engine: fork of sequence ", seq, " which has an attention policy needs a fresh policy "
+         "for the child (policy state cannot be copied)");
+  auto s = std::make_unique<Sequence>();
+  s->id = store_->fork(seq);
+  if (child_policy) s->needs = child_policy->needs();
+  if (child_policy && parent.policy &&
+      child_policy->needs().rope_at_cache_position != parent.needs.rope_at_cache_position)
+    fail("engine: fork: the child's policy stores keys differently (rope_at_cache_position)");
+  s->policy = std::move(child_policy);
+  s->n_tokens = parent.n_tokens;
+  s->shadow = parent.shadow;
+  s->blocks_current = s->blocks_peak = parent.blocks_current;
+  const SeqId id = s->id;
+  seqs_[id] = std::move(s);
+  return id;
+}
+
+int64_t Engine::n_tokens(SeqId seq) const { return seq_at(seq).n_tokens; }
+
+SequenceStats Engine::sequence_stats(SeqId seq) const {
+  const Sequence& s = seq_at(seq);
+  SequenceStats st;
+  st.n_tokens = s.n_tokens;
+  st.decode_steps = s.decode_steps;
+  st.attended_set_last = s.set_last;
+  st.attended_achieved_last = s.achieved_last;
+  if (s.decode_steps > 0) {
+    st.attended_set_mean = s.set_sum / s.decode_steps;
+    st.attended_achieved_mean = s.achieved_sum / s.decode_steps;
+  }
+  st.blocks_current = s.blocks_current;
+  st.blocks_peak = s.blocks_peak;
+  st.kv_bytes_current = static_cast<size_t>(s.blocks_current) * store_->block_bytes();
+  st.kv_bytes_peak = static_cast<size_t>(s.blocks_peak) * store_->block_bytes();
+  st.probe_samples = s.probe_samples;
+  if (s.probe_samples > 0) {
+    st.probe_recall_mean = s.recall_sum / s.probe_samples;
+    st.probe_recall_min = s.recall_min;
+    st.probe_rel_error_mean = s.err_sum / s.probe_samples;
+    st.probe_rel_error_max = s.err_max;
+  }
+  return st;
+}
+
+void Engine::record_kv_usage(Sequence& s) {
+  s.blocks_current = store_->sequence_blocks(s.id);
+  s.blocks_peak = std::max(s.blocks_peak, s.blocks_current);
+}
+
+// ---- the forward pass -------------------------------------------------------------------------
+
+StepStatus Engine::prefill(SeqId seq, std::span<const int32_t> tokens, std::vector<float>& logits,
+                           bool all_logits) {
+  Sequence& s = seq_at(seq);
+  const ModelConfig& c = config();
+  if (tokens.empty()) fail("engine: prefill of sequence ", seq, " with no tokens");
+  for (int32_t t : tokens)
+    if (t < 0 || t >= c.vocab_size) fail("engine: token id ", t, " out of range [0, ", c.vocab_size, ")");
+  if (s.n_tokens + static_cast<int64_t>(tokens.size()) > c.max_seq_len) return StepStatus::kContextFull;
+  const int64_t n_total = static_cast<int64_t>(tokens.size());
+  logits.resize(static_cast<size_t>(all_logits ? n_total : 1) * c.vocab_size);
+  for (int64_t start = 0; start < n_total; start += opts_.prefill_chunk_tokens) {
+    const int n = static_cast<int>(std::min<int64_t>(opts_.prefill_chunk_tokens, n_total - start));
+    if (store_->reserve(seq, n) != AllocStatus::kOk) return StepStatus::kOutOfBlocks;
+    scratch_->ensure(n, c);
+    for (int r = 0; r < n; ++r)
+      to_float(model_.tok_embeddings.dtype, model_.tok_embeddings.row(tokens[start + r]),
+               scratch_->x.data() + static_cast<size_t>(r) * c.dim, c.dim);
+    Group g;
+    g.seq = &s;
+    g.row0 = 0;
+    g.n_rows = n;
+    g.positions.resize(n);
+    for (int r = 0; r < n; ++r) g.positions[r] = s.n_tokens + r;
+    std::vector<int> logit_rows;
+    float* out = nullptr;
+    if (all_logits) {
+      for (int r = 0; r < n; ++r) logit_rows.push_back(r);
+      out = logits.data() + static_cast<size_t>(start) * c.vocab_size;
+    } else if (start + n == n_total) {
+      logit_rows.push_back(n - 1);
+      out = logits.data();
+    }
+    forward(std::span<Group>(&g, 1), n, logit_rows, out);
+    s.n_tokens += n;
+    record_kv_usage(s);
+  }
+  return StepStatus::kOk;
+}
+
+StepStatus Engine::decode(std::span<const SeqId> seqs, std::span<const int32_t> tokens,
+                          std::vector<float>& logits) {
+  const ModelConfig& c = config();
+  if (seqs.size() != tokens.size())
+    fail("engine: decode with ", seqs.size(), " sequences but ", tokens.size(), " tokens");
+  if (seqs.empty()) fail("engine: decode of an empty batch");
+  std::unordered_set<SeqId> seen;
+  int64_t blocks_needed = 0;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    Sequence& s = seq_at(seqs[i]);
+    if (!seen.insert(seqs[i]).second) fail("engine: sequence ", seqs[i], " appears twice in one decode batch");
+    if (tokens[i] < 0 || tokens[i] >= c.vocab_size)
+      fail("engine: token id ", tokens[i], " out of range [0, ", c.vocab_size, ")");
+    if (s.n_tokens + 1 > c.max_seq_len) return StepStatus::kContextFull;
+    blocks_needed += store_->blocks_needed(seqs[i], 1);
+  }
+  if (blocks_needed > store_->free_blocks()) return StepStatus::kOutOfBlocks;
+  for (SeqId id : seqs)
+    if (store_->reserve(id, 1) != AllocStatus::kOk) return StepStatus::kOutOfBlocks;
+
+  const int n = static_cast<int>(seqs.size());
+  scratch_->ensure(n, c);
+  std::vector<Group> groups(n);
+  std::vector<int> logit_rows(n);
+  for (int i = 0; i < n; ++i) {
+    Sequence& s = seq_at(seqs[i]);
+    to_float(model_.tok_embeddings.dtype, model_.tok_embeddings.row(tokens[i]),
+             scratch_->x.data() + static_cast<size_t>(i) * c.dim, c.dim);
+    groups[i].seq = &s;
+    groups[i].row0 = i;
+    groups[i].n_rows = 1;
+    groups[i].decode = true;
+    groups[i].positions = {s.n_tokens};
+    logit_rows[i] = i;
+    s.step_set = s.step_achieved = 0;
+    s.probing_step = opts_.probe && s.decode_steps % std::max(1, opts_.probe_every) == 0;
+  }
+  logits.resize(static_cast<size_t>(n) * c.vocab_size);
+  forward(groups, n, logit_rows, logits.data());
+  for (Group& g : groups) {
+    Sequence& s = *g.seq;
+    s.n_tokens += 1;
+    s.decode_steps += 1;
+    s.set_last = s.step_set / c.n_layers;
+    s.achieved_last = s.step_achieved / c.n_layers;
+    s.set_sum += s.set_last;
+    s.achieved_sum += s.achieved_last;
+    s.probing_step = false;
+    record_kv_usage(s);
+  }
+  return StepStatus::kOk;
+}
+
+void Engine::forward(std::span<Group> groups, int n_rows, std::span<const int> logit_rows,
+                     float* logits) {
+  const ModelConfig& c = config();
+  Scratch& sc = *scratch_;
+  const int dim = c.dim, hd = c.head_dim;
+  const int qd = c.n_heads * hd, kvd = c.n_kv_heads * hd;
+  float* x = sc.x.data();
+  float* h = sc.h.data();
+  for (int l = 0; l < c.n_layers; ++l) {
+    const LayerWeights& w = model_.layers[l];
+    // attention block
+    for (int r = 0; r < n_rows; ++r) rms_norm(x + r * dim, w.attn_norm.data(), dim, c.rms_eps, h + r * dim);
+    linear(pool_, h, n_rows,
+           {{as_matrix(w.wq), sc.q.data(), w.bq.empty() ? nullptr : w.bq.data()},
+            {as_matrix(w.wk), sc.k.data(), w.bk.empty() ? nullptr : w.bk.data()},
+            {as_matrix(w.wv), sc.v.data(), w.bv.empty() ? nullptr : w.bv.data()}},
+           sc.linear);
+    for (Group& g : groups) attend(g, l, sc.q.data() + static_cast<size_t>(g.row0) * qd,
+                                   sc.att.data() + static_cast<size_t>(g.row0) * qd);
+    linear(pool_, sc.att.data(), n_rows, {{as_matrix(w.wo), sc.tmp.data(), nullptr}}, sc.linear);
+    add_inplace(x, sc.tmp.data(), static_cast<int64_t>(n_rows) * dim);
+    // feed-forward block
+    for (int r = 0; r < n_rows; ++r) rms_norm(x + r * dim, w.ffn_norm.data(), dim, c.rms_eps, h + r * dim);
+    linear(pool_, h, n_rows,
+           {{as_matrix(w.w_gate), sc.gate.data(), nullptr}, {as_matrix(w.w_up), sc.up.data(), nullptr}},
+           sc.linear);
+    swiglu(sc.gate.data(), sc.up.data(), static_cast<int64_t>(n_rows) * c.hidden_dim);
+    linear(pool_, sc.gate.data(), n_rows, {{as_matrix(w.w_down), sc.tmp.data(), nullptr}}, sc.linear);
+    add_inplace(x, sc.tmp.data(), static_cast<int64_t>(n_rows) * dim);
+    (void)kvd;
+  }
+  if (logit_rows.empty()) return;
+  const int n_out = static_cast<int>(logit_rows.size());
+  for (int i = 0; i < n_out; ++i)
+    rms_norm(x + static_cast<size_t>(logit_rows[i]) * dim, model_.final_norm.data(), dim, c.rms_eps,
+             h + static_cast<size_t>(i) * dim);
+  linear(pool_, h, n_out, {{as_matrix(model_.lm_head), logits, nullptr}}, sc.linear);
+}
+
+// RoPE, KV append, policy selection, attention, policy observation and eviction for the rows of
+// one sequence in one layer. q_rot: [n_rows, n_heads, hd] (rotated here), out likewise.
+void Engine::attend(Group& g, int layer, float* q_rot, float* out) {
+  const ModelConfig& c = config();
+  Scratch& sc = *scratch_;
+  Sequence& s = *g.seq;
+  const int hd = c.head_dim, nh = c.n_heads, nkv = c.n_kv_heads, group = nh / nkv;
+  const int qd = nh * hd, kvd = nkv * hd;
+  const bool cache_pos = s.needs.rope_at_cache_position;
+  float* k = sc.k.data() + static_cast<size_t>(g.row0) * kvd;
+  float* v = sc.v.data() + static_cast<size_t>(g.row0) * kvd;
+
+  const bool probe_layer_here =
+      !s.shadow.empty() &&
+      std::find(opts_.probe_layers.begin(), opts_.probe_layers.end(), layer) != opts_.probe_layers.end();
+  const bool probing = s.probing_step && probe_layer_here;
+  if (probing) {  // the dense reference uses original positions: rotate a copy at the text position
+    sc.q_probe.assign(q_rot, q_rot + qd);
+    apply_rope(sc.q_probe.data(), nh, hd, g.positions[0], rope_);
+  }
+  if (cache_pos) {
+    // query of row r, head h: rotated to (live tokens of its KV head before this call) + r
+    sc.resident_before.resize(nkv);
+    for (int kh = 0; kh < nkv; ++kh) sc.resident_before[kh] = store_->resident_tokens(s.id, layer, kh);
+    for (int r = 0; r < g.n_rows; ++r)
+      for (int hq = 0; hq < nh; ++hq)
+        rope_.rotate(q_rot + static_cast<size_t>(r) * qd + hq * hd, sc.resident_before[hq / group] + r);
+  } else {
+    for (int r = 0; r < g.n_rows; ++r) {
+      apply_rope(q_rot + static_cast<size_t>(r) * qd, nh, hd, g.positions[r], rope_);
+      apply_rope(k + static_cast<size_t>(r) * kvd, nkv, hd, g.positions[r], rope_);
+    }
+  }
+  for (int r = 0; r < g.n_rows; ++r)
+    store_->append(s.id, layer, g.positions[r], k + static_cast<size_t>(r) * kvd, v + static_cast<size_t>(r) * kvd);
+  if (probe_layer_here) {
+    ProbeShadow& sh = s.shadow[layer];
+    sh.k.insert(sh.k.end(), k, k + static_cast<size_t>(g.n_rows) * kvd);
+    sh.v.insert(sh.v.end(), v, v + static_cast<size_t>(g.n_rows) * kvd);
+    sh.positions.insert(sh.positions.end(), g.positions.begin(), g.positions.end());
+  }
+
+  LayerStep step;
+  step.layer = layer;
+  step.is_prefill = g.n_rows > 1;
+  step.n_new = g.n_rows;
+  step.positions = g.positions;
+  step.queries = std::span<const float>(q_rot, static_cast<size_t>(g.n_rows) * qd);
+  step.cache = &store_->cache_view(s.id, layer);
+  step.shape = policy_shape(c);
+  KeySelection& sel = sc.selection;
+  sel.select_all();
+  if (s.policy) s.policy->select(step, sel);
+
+  const LayerKv kv = store_->layer(s.id, layer);
+  AttentionArgs a;
+  a.q = q_rot;
+  a.n_rows = g.n_rows;
+  a.n_heads = nh;
+  a.n_kv_heads = nkv;
+  a.head_dim = hd;
+  a.q_positions = g.positions.data();
+  a.kv = kv;
+  a.selection = sel.all ? nullptr : &sel;
+  a.scale = 1.f / std::sqrt(static_cast<float>(hd));
+  if (cache_pos) {
+    sc.key_rope_pos.resize(static_cast<size_t>(kv.n_slots) * nkv);
+    cache_rank_positions(kv, sc.key_rope_pos.data());
+    a.key_rope_pos = sc.key_rope_pos.data();
+    a.rope = &rope_;
+  }
+  if (s.needs.key_attention_mass) {
+    sc.key_mass.assign(static_cast<size_t>(nkv) * kv.n_slots, 0.f);
+    a.key_mass = sc.key_mass.data();
+  }
+  a.out = out;
+  attention(a, pool_.size());
+
+  if (g.decode) {
+    // keys read per KV head (= per query head, averaged) vs the budget
+    const int64_t qpos = g.positions[0];
+    double achieved = 0;
+    for (int kh = 0; kh < nkv; ++kh) {
+      auto count_range = [&](int b, int e) {
+        int64_t n = 0;
+        for (int slot = b; slot < e; ++slot) n += kv.is_valid(slot, kh) && kv.position(slot, kh) <= qpos;
+        return n;
+      };
+      if (sel.all) {
+        achieved += count_range(0, kv.n_slots);
+      } else {
+        for (const SlotRange& rg : sel.list(0, kh)) achieved += count_range(rg.begin, rg.end);
+      }
+    }
+    const int64_t n_seen = s.n_tokens + 1;
+    const int64_t budget = s.policy ? s.policy->budget_tokens(layer, n_seen) : -1;
+    s.step_achieved += achieved / nkv;
+    s.step_set += budget < 0 ? static_cast<double>(n_seen) : static_cast<double>(std::min(budget, n_seen));
+  }
+  if (probing) probe_layer(g, layer, sc.q_probe.data(), sel, out);
+
+  if (s.policy) {
+    StepStats stats;
+    stats.n_slots = kv.n_slots;
+    if (s.needs.key_attention_mass) stats.key_mass = sc.key_mass;
+    sc.evictions.clear(nkv);
+    s.policy->after_attention(step, stats, sc.evictions);
+    if (!sc.evictions.empty()) store_->evict(s.id, layer, sc.evictions);
+  }
+}
+
+// Dense attention over the shadow copy of every token seen (decode rows only), compared with
+// what the policy's attention produced.
+void Engine::probe_layer(Group& g, int layer, const float* q, const KeySelection& sel,
+                         const float* policy_out) {
+  const ModelConfig& c = config();
+  Sequence& s = *g.seq;
+  const ProbeShadow& sh = s.shadow[layer];
+  const int hd = c.head_dim, nh = c.n_heads, nkv = c.n_kv_heads, group = nh / nkv;
+  const int kvd = nkv * hd;
+  const int64_t n_seen = static_cast<int64_t>(sh.positions.size());
+  const bool cache_pos = s.needs.rope_at_cache_position;
+  const LayerKv kv = store_->layer(s.id, layer);
+  const float scale = 1.f / std::sqrt(static_cast<float>(hd));
+  std::vector<double> p(n_seen);
+  std::vector<float> key(hd);
+  std::vector<double> dense(hd);
+  for (int hq = 0; hq < nh; ++hq) {
+    const int kh = hq / group;
+    const float* qh = q + static_cast<size_t>(hq) * hd;
+    // The keys the policy read, as text positions: attended[pos] = true.
+    std::unordered_set<int64_t> attended;
+    auto take = [&](int b, int e) {
+      for (int slot = b; slot < e; ++slot)
+        if (kv.is_valid(slot, kh) && kv.position(slot, kh) <= g.positions[0]) attended.insert(kv.position(slot, kh));
+    };
+    if (sel.all) take(0, kv.n_slots);
+    else for (const SlotRange& rg : sel.list(0, kh)) take(rg.begin, rg.end);
+    // Dense scores over every seen token at original positions (with rope-at-cache-position the
+    // shadow holds raw keys: rotate them at their text position, as full attention would).
+    double m = -INFINITY;
+    for (int64_t j = 0; j < n_seen; ++j) {
+      std::memcpy(key.data(), sh.k.data() + static_cast<size_t>(j) * kvd + kh * hd, hd * sizeof(float));
+      if (cache_pos) rope_.rotate(key.data(), sh.positions[j]);
+      double dot = 0;
+      for (int d = 0; d < hd; ++d) dot += static_cast<double>(qh[d]) * key[d];
+      p[j] = dot * scale;
+      m = std::max(m, p[j]);
+    }
+    double z = 0;
+    for (int64_t j = 0; j < n_seen; ++j) z += (p[j] = std::exp(p[j] - m));
+    double recall = 0;
+    std::fill(dense.begin(), dense.end(), 0.0);
+    for (int64_t j = 0; j < n_seen; ++j) {
+      const double pj = p[j] / z;
+      if (attended.count(sh.positions[j])) recall += pj;
+      const float* vj = sh.v.data() + static_cast<size_t>(j) * kvd + kh * hd;
+      for (int d = 0; d < hd; ++d) dense[d] += pj * vj[d];
+    }
+    double num = 0, den = 0;
+    const float* po = policy_out + static_cast<size_t>(hq) * hd;
+    for (int d = 0; d < hd; ++d) {
+      num += (po[d] - dense[d]) * (po[d] - dense[d]);
+      den += dense[d] * dense[d];
+    }
+    const double err = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+    s.probe_samples += 1;
+    s.recall_sum += recall;
+    s.recall_min = std::min(s.recall_min, recall);
+    s.err_sum += err;
+    s.err_max = std::max(s.err_max, err);
+  }
+}
+
+}  // namespace kvlab

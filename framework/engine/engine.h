@@ -1,0 +1,136 @@
+// Engine: the Llama-family forward pass on the CPU, in fp32, over the paged KV store, with a
+// per-sequence attention policy.
+//
+// Per layer l and call (rows = the new tokens; a prefill chunk has many rows of one sequence,
+// a decode step one row for each sequence of the batch):
+//   h = RMSNorm(x) * attn_norm
+//   q = Wq h (+bq), k = Wk h (+bk), v = Wv h (+bv)       [rows, n_heads|n_kv_heads, head_dim]
+//   RoPE(q), RoPE(k) at the text position (rope_style from the model), then, per sequence:
+//     append k, v to the store; policy.select; attention over the selection (GQA: query head h
+//     reads KV head h / G); policy.after_attention (with key mass when asked); store.evict.
+//     With needs().rope_at_cache_position the keys are stored raw and rotated at read time to
+//     their rank among the cached tokens, and the query is rotated to the number of cached
+//     tokens before it (StreamingLLM); causality still compares text positions.
+//   x += Wo attn
+//   h = RMSNorm(x) * ffn_norm;  x += W_down (silu(W_gate h) * (W_up h))
+// then logits = lm_head RMSNorm(x) * final_norm.
+// The dense layers (linear.h) read the weights once per call for all rows: matvec kernels for a
+// few rows (decode), OpenBLAS sgemm for many (prefill). Weights stay in their stored dtype.
+//
+// Contract: a sequence's tokens are fed in order (prefill and decode may alternate); a call that
+// would pass the model's max_seq_len returns kContextFull, one that finds no free KV block
+// kOutOfBlocks, and in both cases changes nothing. Bad token ids, unknown sequences and a
+// batch naming one sequence twice throw kvlab::Error. The Engine keeps a reference to the Model,
+// which must outlive it. Not thread-safe (one caller); it uses its own thread pool inside.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+#include "framework/engine/thread_pool.h"
+#include "framework/kv/kv_store.h"
+#include "framework/model/model.h"
+#include "framework/policy/policy.h"
+#include "kernels/cpu/rope.h"
+
+namespace kvlab {
+
+enum class StepStatus { kOk, kOutOfBlocks, kContextFull };
+const char* step_status_name(StepStatus status);  // "ok" | "out_of_blocks" | "context_full"
+
+// The model shape policies are created for.
+PolicyModelShape policy_shape(const ModelConfig& config);
+
+struct EngineOptions {
+  int threads = 0;               // 0 = all cores
+  int block_size_tokens = 16;
+  size_t kv_budget_bytes = 0;    // 0 = room for max_seq_len tokens x max_batch
+  int max_batch = 1;
+  int prefill_chunk_tokens = 256;
+  bool probe = false;            // attention recall / output error probes (below)
+  int probe_every = 16;          // probe every N-th decode step of a sequence
+  std::vector<int> probe_layers; // layers probed; empty = first, middle and last
+};
+
+// Per-sequence counters. "Attended" counts, for one decode step, the keys one query head read,
+// averaged over layers and query heads; "set" is what the policy's budget allows
+// (budget_tokens(layer, n_seen), or every token seen when it has none), "achieved" what the
+// attention really read.
+struct SequenceStats {
+  int64_t n_tokens = 0;            // tokens fed so far
+  int64_t decode_steps = 0;
+  double attended_set_last = 0, attended_achieved_last = 0;
+  double attended_set_mean = 0, attended_achieved_mean = 0;   // over decode steps
+  int64_t blocks_current = 0, blocks_peak = 0;                // this sequence's block tables
+  size_t kv_bytes_current = 0, kv_bytes_peak = 0;             // blocks x block bytes
+  // Probe (EngineOptions::probe): over the probed (step, layer, query head) triples,
+  //   recall    = sum of dense attention's probabilities of the keys the policy let it read,
+  //               dense attention taken over every token of the layer seen so far, evicted
+  //               ones included;
+  //   rel_error = |o_policy - o_dense|_2 / |o_dense|_2.
+  int64_t probe_samples = 0;
+  double probe_recall_mean = 0, probe_recall_min = 1, probe_rel_error_mean = 0,
+         probe_rel_error_max = 0;
+};
+
+class Engine {
+ public:
+  Engine(const Model& model, const EngineOptions& opts);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  const ModelConfig& config() const { return model_.config; }
+  const EngineOptions& options() const { return opts_; }
+  int threads() const { return pool_.size(); }
+
+  // nullptr policy = full attention. The engine owns the policy for the sequence's lifetime.
+  SeqId start_sequence(std::unique_ptr<AttentionPolicy> policy = nullptr);
+  void end_sequence(SeqId seq);
+  // A copy of `seq` sharing its KV blocks (copy-on-write). A policy's state cannot be copied,
+  // so a sequence with a policy needs `child_policy` (a fresh one) and throws Error without it.
+  SeqId fork(SeqId seq, std::unique_ptr<AttentionPolicy> child_policy = nullptr);
+  int64_t n_tokens(SeqId seq) const;  // tokens fed so far (text position of the next token)
+
+  // Feeds tokens through the model in chunks of prefill_chunk_tokens. logits: [vocab] of the
+  // last token, or [tokens.size(), vocab] when all_logits. An empty span is an Error.
+  StepStatus prefill(SeqId seq, std::span<const int32_t> tokens, std::vector<float>& logits,
+                     bool all_logits = false);
+  // One token for each sequence of the batch (at most max_batch); logits [batch, vocab].
+  StepStatus decode(std::span<const SeqId> seqs, std::span<const int32_t> tokens,
+                    std::vector<float>& logits);
+
+  const KvStore& kv() const { return *store_; }
+  SequenceStats sequence_stats(SeqId seq) const;
+
+ private:
+  struct Sequence;
+  struct Group;  // rows of one forward call that belong to one sequence
+  struct Scratch;
+
+  Sequence& seq_at(SeqId seq);
+  const Sequence& seq_at(SeqId seq) const;
+  // The shared forward pass: rows [n_rows] of x grouped by sequence; writes logits of the
+  // rows listed in `logit_rows` into logits [logit_rows.size(), vocab].
+  void forward(std::span<Group> groups, int n_rows, std::span<const int> logit_rows,
+               float* logits);
+  void attend(Group& g, int layer, float* q_rot, float* out);
+  // q: [n_heads, head_dim] the decode query rotated at its text position.
+  void probe_layer(Group& g, int layer, const float* q, const KeySelection& sel,
+                   const float* policy_out);
+  void record_kv_usage(Sequence& s);
+
+  const Model& model_;
+  EngineOptions opts_;
+  ThreadPool pool_;
+  std::unique_ptr<KvStore> store_;
+  RopeTable rope_;
+  std::unordered_map<SeqId, std::unique_ptr<Sequence>> seqs_;
+  std::unique_ptr<Scratch> scratch_;
+};
+
+}  // namespace kvlab
