@@ -1,0 +1,356 @@
+#include "framework/model/model.h"
+
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <numbers>
+#include <set>
+#include <sstream>
+
+#include "framework/core/error.h"
+#include "framework/model/model_loader.h"
+
+namespace kvlab {
+
+const char* rope_style_name(RopeStyle style) {
+  return style == RopeStyle::kInterleaved ? "interleaved" : "neox";
+}
+
+size_t ModelConfig::kv_bytes_per_token(DType kv_dtype) const {
+  const size_t elements = 2 * static_cast<size_t>(n_layers) * n_kv_heads * head_dim;
+  switch (kv_dtype) {
+    case DType::kF32: return elements * 4;
+    case DType::kF16: case DType::kBF16: return elements * 2;
+    case DType::kQ8_0:  // 34 bytes per 32 elements, rounded up to whole bytes
+      return (elements * sizeof(BlockQ8_0) + kQ8_0BlockSize - 1) / kQ8_0BlockSize;
+  }
+  return 0;
+}
+
+std::vector<float> rope_inv_freq(const ModelConfig& c) {
+  const int half = c.head_dim / 2;
+  std::vector<float> out(half);
+  const RopeScaling& s = c.rope_scaling;
+  for (int i = 0; i < half; ++i) {
+    double inv = std::pow(static_cast<double>(c.rope_theta), -2.0 * i / c.head_dim);
+    if (!c.rope_freq_factors.empty()) {
+      inv /= c.rope_freq_factors[i];
+    } else if (s.type == "linear") {
+      inv /= s.factor;
+    } else if (s.type == "llama3") {
+      const double wavelen = 2 * std::numbers::pi / inv;
+      const double low_wavelen = s.original_max_position / static_cast<double>(s.low_freq_factor);
+      const double high_wavelen = s.original_max_position / static_cast<double>(s.high_freq_factor);
+      if (wavelen > low_wavelen) {
+        inv /= s.factor;
+      } else if (wavelen >= high_wavelen) {
+        const double smooth = (s.original_max_position / wavelen - s.low_freq_factor) /
+                              (s.high_freq_factor - s.low_freq_factor);
+        inv *= (1 - smooth) / s.factor + smooth;
+      }
+    }
+    out[i] = static_cast<float>(inv);
+  }
+  return out;
+}
+
+void weight_row_to_float(const WeightView& w, int64_t r, float* out) {
+  to_float(w.dtype, w.row(r), out, w.cols);
+}
+
+std::vector<float> weight_to_float(const WeightView& w) {
+  std::vector<float> out(static_cast<size_t>(w.rows * w.cols));
+  for (int64_t r = 0; r < w.rows; ++r) weight_row_to_float(w, r, out.data() + r * w.cols);
+  return out;
+}
+
+Model::Model() = default;
+Model::~Model() = default;
+Model::Model(Model&&) noexcept = default;
+Model& Model::operator=(Model&&) noexcept = default;
+
+const Tokenizer& Model::require_tokenizer() const {
+  if (!tokenizer) {
+    fail(path.string(), ": no tokenizer found (looked for ", tokenizer_search,
+         "); pass a tokenizer file explicitly");
+  }
+  return *tokenizer;
+}
+
+int64_t parameter_count(const Model& m) {
+  int64_t n = m.tok_embeddings.rows * m.tok_embeddings.cols + static_cast<int64_t>(m.final_norm.size());
+  if (!m.config.tied_embeddings) n += m.lm_head.rows * m.lm_head.cols;
+  for (const LayerWeights& l : m.layers) {
+    for (const WeightView* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) {
+      n += w->rows * w->cols;
+    }
+    n += static_cast<int64_t>(l.attn_norm.size() + l.ffn_norm.size() + l.bq.size() + l.bk.size() +
+                              l.bv.size());
+  }
+  return n;
+}
+
+namespace detail {
+
+std::string shape_string(const std::vector<int64_t>& shape) {
+  std::ostringstream out;
+  out << "[";
+  for (size_t i = 0; i < shape.size(); ++i) out << (i ? ", " : "") << shape[i];
+  out << "]";
+  return out.str();
+}
+
+void TensorTable::add(const std::string& name, RawTensor t) {
+  auto it = tensors_.find(name);
+  if (it != tensors_.end()) {
+    fail(t.file.string(), ": tensor '", name, "' appears twice (also in ", it->second.file.string(), ")");
+  }
+  tensors_.emplace(name, std::move(t));
+}
+
+const RawTensor* TensorTable::find(std::string_view name) const {
+  auto it = tensors_.find(name);
+  return it == tensors_.end() ? nullptr : &it->second;
+}
+
+std::string gguf_tensor_name(int layer, std::string_view part) {
+  static const std::map<std::string, std::string, std::less<>> kParts = {
+      {"attn_norm", "attn_norm.weight"}, {"wq", "attn_q.weight"},       {"wk", "attn_k.weight"},
+      {"wv", "attn_v.weight"},           {"wo", "attn_output.weight"},  {"bq", "attn_q.bias"},
+      {"bk", "attn_k.bias"},             {"bv", "attn_v.bias"},         {"ffn_norm", "ffn_norm.weight"},
+      {"w_gate", "ffn_gate.weight"},     {"w_up", "ffn_up.weight"},     {"w_down", "ffn_down.weight"}};
+  return str_cat("blk.", layer, ".", kParts.find(part)->second);
+}
+
+std::string hf_tensor_name(int layer, std::string_view part) {
+  static const std::map<std::string, std::string, std::less<>> kParts = {
+      {"attn_norm", "input_layernorm.weight"},
+      {"wq", "self_attn.q_proj.weight"},
+      {"wk", "self_attn.k_proj.weight"},
+      {"wv", "self_attn.v_proj.weight"},
+      {"wo", "self_attn.o_proj.weight"},
+      {"bq", "self_attn.q_proj.bias"},
+      {"bk", "self_attn.k_proj.bias"},
+      {"bv", "self_attn.v_proj.bias"},
+      {"ffn_norm", "post_attention_layernorm.weight"},
+      {"w_gate", "mlp.gate_proj.weight"},
+      {"w_up", "mlp.up_proj.weight"},
+      {"w_down", "mlp.down_proj.weight"}};
+  return str_cat("model.layers.", layer, ".", kParts.find(part)->second);
+}
+
+void validate_config(const ModelConfig& c, const std::filesystem::path& file) {
+  auto positive = [&](const char* what, int64_t v) {
+    if (v <= 0) fail(file.string(), ": ", what, " must be positive, got ", v);
+  };
+  positive("dim", c.dim);
+  positive("n_layers", c.n_layers);
+  positive("n_heads", c.n_heads);
+  positive("n_kv_heads", c.n_kv_heads);
+  positive("head_dim", c.head_dim);
+  positive("hidden_dim", c.hidden_dim);
+  positive("vocab_size", c.vocab_size);
+  positive("max_seq_len", c.max_seq_len);
+  if (c.n_heads % c.n_kv_heads != 0) {
+    fail(file.string(), ": n_heads ", c.n_heads, " is not a multiple of n_kv_heads ", c.n_kv_heads);
+  }
+  if (c.head_dim % 2 != 0) fail(file.string(), ": head_dim ", c.head_dim, " must be even for RoPE");
+  if (!(c.rms_eps > 0)) fail(file.string(), ": rms epsilon must be positive, got ", c.rms_eps);
+  if (!(c.rope_theta > 0)) fail(file.string(), ": rope theta must be positive, got ", c.rope_theta);
+  const RopeScaling& s = c.rope_scaling;
+  if (s.type != "none" && s.type != "linear" && s.type != "llama3") {
+    fail(file.string(), ": unsupported rope scaling type '", s.type, "' (supported: none, linear, llama3)");
+  }
+  if (s.type != "none" && !(s.factor > 0)) fail(file.string(), ": rope scaling factor must be positive");
+  if (s.type == "llama3" && c.rope_freq_factors.empty() && !(s.high_freq_factor > s.low_freq_factor)) {
+    fail(file.string(), ": llama3 rope scaling needs high_freq_factor > low_freq_factor");
+  }
+  if (!c.rope_freq_factors.empty() && static_cast<int>(c.rope_freq_factors.size()) != c.head_dim / 2) {
+    fail(file.string(), ": rope_freqs has ", c.rope_freq_factors.size(), " entries, expected head_dim/2 = ",
+         c.head_dim / 2);
+  }
+}
+
+namespace {
+
+// Shared state of one build: the target dtype and a record of the stored dtypes.
+struct Builder {
+  Model& model;
+  const TensorTable& table;
+  const LoadOptions& opts;
+  bool keep = true;
+  DType target = DType::kF32;
+  std::set<std::string> stored;
+
+  const RawTensor& get(const std::string& name) const {
+    const RawTensor* t = table.find(name);
+    if (t == nullptr) {
+      fail(model.path.string(), ": missing tensor '", name, "' (", model.config.arch, ", ",
+           model.config.n_layers, " layers)");
+    }
+    return *t;
+  }
+
+  void check_shape(const std::string& name, const RawTensor& t, const std::vector<int64_t>& want) const {
+    if (t.shape != want) {
+      fail(t.file.string(), ": tensor '", name, "' has shape ", shape_string(t.shape), ", expected ",
+           shape_string(want));
+    }
+  }
+
+  WeightView matrix(const std::string& name, int64_t rows, int64_t cols) {
+    const RawTensor& t = get(name);
+    check_shape(name, t, {rows, cols});
+    stored.insert(dtype_name(t.dtype));
+    WeightView w{t.dtype, rows, cols, t.data};
+    if (keep || t.dtype == target) return w;
+    if (target == DType::kQ8_0 && cols % kQ8_0BlockSize != 0) {
+      fail(t.file.string(), ": tensor '", name, "' has ", cols,
+           " columns, not a multiple of 32: cannot convert to q8_0");
+    }
+    auto buffer = std::shared_ptr<std::byte[]>(new std::byte[dtype_bytes(target, rows * cols)]);
+    std::vector<float> row(static_cast<size_t>(cols));
+    const size_t out_row_bytes = dtype_bytes(target, cols);
+    for (int64_t r = 0; r < rows; ++r) {
+      weight_row_to_float(w, r, row.data());
+      from_float(target, row.data(), buffer.get() + r * out_row_bytes, cols);
+    }
+    model.storage.push_back(std::shared_ptr<const void>(buffer, buffer.get()));
+    return WeightView{target, rows, cols, buffer.get()};
+  }
+
+  std::vector<float> vector(const std::string& name, int64_t n) {
+    const RawTensor& t = get(name);
+    check_shape(name, t, {n});
+    std::vector<float> out(static_cast<size_t>(n));
+    to_float(t.dtype, t.data, out.data(), n);
+    return out;
+  }
+};
+
+}  // namespace
+
+void build_weights(Model& model, const TensorTable& table, const TensorNames& names,
+                   const LoadOptions& opts) {
+  const ModelConfig& c = model.config;
+  validate_config(c, model.path);
+  Builder b{model, table, opts, true, DType::kF32, {}};
+  if (opts.weight_dtype != "keep") {
+    b.keep = false;
+    b.target = parse_dtype(opts.weight_dtype);
+  }
+  const int64_t q_dim = static_cast<int64_t>(c.n_heads) * c.head_dim;
+  const int64_t kv_dim = static_cast<int64_t>(c.n_kv_heads) * c.head_dim;
+  model.tok_embeddings = b.matrix(names.tok_embeddings, c.vocab_size, c.dim);
+  model.layers.resize(c.n_layers);
+  for (int i = 0; i < c.n_layers; ++i) {
+    LayerWeights& l = model.layers[i];
+    auto name = [&](const char* part) { return names.layer(i, part); };
+    l.attn_norm = b.vector(name("attn_norm"), c.dim);
+    l.wq = b.matrix(name("wq"), q_dim, c.dim);
+    l.wk = b.matrix(name("wk"), kv_dim, c.dim);
+    l.wv = b.matrix(name("wv"), kv_dim, c.dim);
+    l.wo = b.matrix(name("wo"), c.dim, q_dim);
+    if (c.qkv_bias) {
+      l.bq = b.vector(name("bq"), q_dim);
+      l.bk = b.vector(name("bk"), kv_dim);
+      l.bv = b.vector(name("bv"), kv_dim);
+    }
+    l.ffn_norm = b.vector(name("ffn_norm"), c.dim);
+    l.w_gate = b.matrix(name("w_gate"), c.hidden_dim, c.dim);
+    l.w_up = b.matrix(name("w_up"), c.hidden_dim, c.dim);
+    l.w_down = b.matrix(name("w_down"), c.dim, c.hidden_dim);
+  }
+  model.final_norm = b.vector(names.final_norm, c.dim);
+  model.lm_head = c.tied_embeddings ? model.tok_embeddings : b.matrix(names.lm_head, c.vocab_size, c.dim);
+  std::string stored;
+  for (const std::string& s : b.stored) stored += (stored.empty() ? "" : ", ") + s;
+  model.stored_dtype = b.stored.size() == 1 ? stored : "mixed (" + stored + ")";
+}
+
+#if KVLAB_HAVE_TOKENIZER_LIB
+void attach_tokenizer(Model& model, const LoadOptions& opts,
+                      const std::vector<std::filesystem::path>& candidates, const GgufFile* gguf) {
+  if (!opts.load_tokenizer && !opts.require_tokenizer) return;
+  std::string searched;
+  if (!opts.tokenizer_path.empty()) {
+    model.tokenizer_search = opts.tokenizer_path.string();
+    model.tokenizer = load_tokenizer(opts.tokenizer_path);
+    return;
+  }
+  if (gguf != nullptr) {
+    searched = "tokenizer.ggml.* metadata in " + gguf->path().string();
+    if (gguf->find("tokenizer.ggml.model") != nullptr) {
+      model.tokenizer_search = searched;
+      model.tokenizer = tokenizer_from_gguf(*gguf);
+      return;
+    }
+  }
+  for (const std::filesystem::path& p : candidates) {
+    searched += (searched.empty() ? "" : ", ") + p.string();
+    if (std::filesystem::exists(p)) {
+      model.tokenizer_search = p.string();
+      model.tokenizer = load_tokenizer(p);
+      return;
+    }
+  }
+  model.tokenizer_search = searched;
+  if (opts.require_tokenizer) model.require_tokenizer();
+}
+
+#else
+// Built before the tokenizer library existed: models load without a tokenizer.
+void attach_tokenizer(Model& model, const LoadOptions& opts,
+                      const std::vector<std::filesystem::path>& candidates, const GgufFile* gguf) {
+  model.tokenizer_search = "(kvlab built without kvlab_tokenizer)";
+  if (opts.require_tokenizer || !opts.tokenizer_path.empty()) model.require_tokenizer();
+}
+#endif
+
+}  // namespace detail
+
+namespace {
+
+bool has_gguf_magic(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  char magic[4] = {};
+  return in.read(magic, 4) && std::memcmp(magic, "GGUF", 4) == 0;
+}
+
+}  // namespace
+
+std::unique_ptr<Model> load_model(const std::filesystem::path& path, const LoadOptions& opts) {
+  namespace fs = std::filesystem;
+  auto model = std::make_unique<Model>();
+  model->path = path;
+  std::error_code ec;
+  if (!fs::exists(path, ec)) fail(path.string(), ": no such file or directory");
+  if (fs::is_directory(path)) {
+    if (!fs::exists(path / "config.json")) {
+      fail(path.string(), ": directory has no config.json (expected a Hugging Face model "
+           "directory; pass a .gguf or llama2.c .bin file directly)");
+    }
+    model->format = "hf";
+    detail::load_hf(*model, path, opts);
+    return model;
+  }
+  const std::string ext = path.extension().string();
+  if (path.filename() == "config.json" || ext == ".safetensors" ||
+      path.filename() == "model.safetensors.index.json") {
+    const fs::path dir = path.has_parent_path() ? path.parent_path() : fs::path(".");
+    model->path = dir;
+    model->format = "hf";
+    detail::load_hf(*model, dir, opts);
+    return model;
+  }
+  if (ext == ".gguf" || has_gguf_magic(path)) {
+    model->format = "gguf";
+    detail::load_gguf(*model, path, opts);
+    return model;
+  }
+  model->format = "llama2c";
+  detail::load_llama2c(*model, path, opts);
+  return model;
+}
+
+}  // namespace kvlab

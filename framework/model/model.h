@@ -1,0 +1,145 @@
+// A Llama-family model loaded from any of the supported files, with weights kept as stored.
+//
+// Supported inputs (load_model auto-detects):
+//   - GGUF v2/v3 (*.gguf): architectures `llama` (Llama 1/2/3, Mistral, TinyLlama, SmolLM) and
+//     `qwen2`; tensors F32/F16/BF16/Q8_0; hyper-parameters from the `<arch>.*` metadata;
+//     Llama-3 RoPE scaling from the `rope_freqs.weight` tensor.
+//   - A Hugging Face directory: config.json (LlamaForCausalLM, MistralForCausalLM,
+//     Qwen2ForCausalLM) + model.safetensors or shards listed in model.safetensors.index.json;
+//     dtypes F32/F16/BF16.
+//   - llama2.c checkpoints (*.bin, legacy v0 layout: 7 int32 header, float32 weights); a negative
+//     vocab_size in the header means an unshared classifier. tokenizer.bin next to it.
+//
+// RoPE: weights are never permuted on load. GGUF `llama` converters and llama2.c (Meta layout)
+// store Q/K rows so that RoPE rotates pairs (2i, 2i+1) of each head (RopeStyle::kInterleaved);
+// HF checkpoints and GGUF `qwen2` rotate pairs (i, i + head_dim/2) (RopeStyle::kNeox). Within
+// each head, interleaved row 2i+h equals rotate-half row h*head_dim/2 + i, so the same model
+// gives the same logits from either file as long as the engine honours `rope_style`.
+//
+// Contract: every tensor's shape is checked against the config; any problem (missing file or
+// tensor, wrong shape, unsupported architecture or dtype, truncated data) throws kvlab::Error
+// "<file>: <problem>" naming the tensor or key and both shapes where relevant.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "framework/model/dtype.h"
+#include "framework/tokenizer/tokenizer.h"
+
+namespace kvlab {
+
+enum class RopeStyle {
+  kInterleaved,  // GGUF llama, llama2.c, Meta: rotates pairs (2i, 2i+1) of a head
+  kNeox          // HF, GGUF qwen2: rotates pairs (i, i + head_dim/2)
+};
+const char* rope_style_name(RopeStyle style);  // "interleaved" | "neox"
+
+struct RopeScaling {
+  std::string type = "none";  // "none" | "linear" | "llama3"
+  float factor = 1, low_freq_factor = 1, high_freq_factor = 4;
+  int original_max_position = 8192;
+};
+
+struct ModelConfig {
+  std::string arch;  // "llama" | "qwen2"
+  int dim = 0, n_layers = 0, n_heads = 0, n_kv_heads = 0, head_dim = 0, hidden_dim = 0,
+      vocab_size = 0, max_seq_len = 0;
+  float rope_theta = 10000, rms_eps = 1e-5f;
+  RopeScaling rope_scaling;
+  RopeStyle rope_style = RopeStyle::kInterleaved;
+  bool qkv_bias = false, tied_embeddings = false;
+  // Per-pair divisors of the RoPE frequencies [head_dim/2] from a GGUF `rope_freqs.weight`
+  // (how llama.cpp stores Llama-3 scaling); empty otherwise. rope_inv_freq() applies them.
+  std::vector<float> rope_freq_factors;
+  int sliding_window = 0;  // Mistral v0.1's config.json `sliding_window` (informative; 0 = none)
+
+  // 2 (K and V) * n_layers * n_kv_heads * head_dim * bytes per element (Q8_0: 34/32 bytes,
+  // total rounded up to a whole byte).
+  size_t kv_bytes_per_token(DType kv_dtype) const;
+};
+
+// The RoPE inverse frequencies [head_dim/2]: the angle of pair i at position p is
+// p * inv_freq[i], with inv_freq[i] = rope_theta^(-2i/head_dim), then
+//   linear: / factor;   llama3 (HF `_compute_llama3_parameters`, wavelen = 2 pi / inv_freq):
+//     wavelen < original_max_position / high_freq_factor -> unchanged,
+//     wavelen > original_max_position / low_freq_factor  -> / factor,
+//     otherwise s = (original_max_position / wavelen - low) / (high - low):
+//       inv_freq * ((1 - s) / factor + s);
+//   rope_freq_factors (GGUF): / rope_freq_factors[i] (takes precedence over the parameters).
+// Computed in double, rounded once to float.
+std::vector<float> rope_inv_freq(const ModelConfig& config);
+
+// A weight matrix as stored: row-major [rows, cols] (rows = output features), any DType; data
+// points into an mmap or an owned buffer held by the Model. Rows are contiguous: row r starts at
+// data + r * dtype_bytes(dtype, cols) (Q8_0: cols is a multiple of 32).
+struct WeightView {
+  DType dtype = DType::kF32;
+  int64_t rows = 0, cols = 0;
+  const void* data = nullptr;
+  size_t row_bytes() const { return dtype_bytes(dtype, cols); }
+  const void* row(int64_t r) const {
+    return static_cast<const std::byte*>(data) + static_cast<size_t>(r) * row_bytes();
+  }
+};
+// Row r of w as float32 (out[cols]).
+void weight_row_to_float(const WeightView& w, int64_t r, float* out);
+// The whole matrix as float32 [rows * cols] (tests, references; not for the hot path).
+std::vector<float> weight_to_float(const WeightView& w);
+
+struct LayerWeights {
+  std::vector<float> attn_norm;     // [dim]
+  WeightView wq, wk, wv, wo;        // [n_heads*hd, dim], [n_kv*hd, dim], [n_kv*hd, dim], [dim, n_heads*hd]
+  std::vector<float> bq, bk, bv;    // [n_heads*hd], [n_kv*hd], [n_kv*hd]; empty without QKV bias
+  std::vector<float> ffn_norm;      // [dim]
+  WeightView w_gate, w_up, w_down;  // [hidden, dim], [hidden, dim], [dim, hidden]
+};
+
+struct LoadOptions {
+  // Convert every weight matrix on load: "keep" (as stored) | "f32" | "f16" | "bf16" | "q8_0".
+  std::string weight_dtype = "keep";
+  // Tokenizer to use instead of the one found with the model (tokenizer.bin, tokenizer.json,
+  // tokenizer.model or a file holding GGUF tokenizer metadata). Empty: look next to the model.
+  std::filesystem::path tokenizer_path;
+  bool load_tokenizer = true;       // false: leave Model::tokenizer null (faster, tests)
+  bool require_tokenizer = false;   // throw when no tokenizer is found
+};
+
+struct Model {
+  ModelConfig config;
+  std::filesystem::path path;  // what was loaded (file or HF directory)
+  std::string format;          // "gguf" | "hf" | "llama2c"
+  WeightView tok_embeddings;   // [vocab, dim]
+  std::vector<LayerWeights> layers;
+  std::vector<float> final_norm;  // [dim]
+  WeightView lm_head;             // [vocab, dim] (== tok_embeddings when tied)
+  std::unique_ptr<Tokenizer> tokenizer;  // may be null when the file carries none
+  // For model-info: each source file and the dtype the matrices are stored in.
+  std::vector<std::filesystem::path> files;
+  std::string stored_dtype;  // e.g. "f32", "bf16", "mixed (f16, q8_0)"
+
+  Model();
+  ~Model();
+  Model(Model&&) noexcept;
+  Model& operator=(Model&&) noexcept;
+
+  // The tokenizer, or kvlab::Error "<path>: no tokenizer found (...)" naming where it looked.
+  const Tokenizer& require_tokenizer() const;
+
+  // Owns what the views point into (mmaps, converted buffers). Not for direct use.
+  std::vector<std::shared_ptr<const void>> storage;
+  std::string tokenizer_search;  // where a tokenizer was looked for (for the error above)
+};
+
+// Number of parameters (weight matrices, norms, biases; tied embeddings counted once).
+int64_t parameter_count(const Model& model);
+
+// Auto-detects: *.gguf, a HF directory (config.json + *.safetensors[.index.json]) or its
+// config.json / *.safetensors, a llama2.c *.bin. Throws kvlab::Error naming the file and problem.
+std::unique_ptr<Model> load_model(const std::filesystem::path& path, const LoadOptions& opts = {});
+
+}  // namespace kvlab

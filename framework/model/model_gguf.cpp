@@ -1,0 +1,141 @@
+// GGUF -> Model. Hyper-parameters come from `<arch>.*` metadata (llama.cpp's key names):
+//   <arch>.context_length, .embedding_length, .block_count, .feed_forward_length,
+//   .attention.head_count, .attention.head_count_kv (default: head_count),
+//   .attention.key_length (head dim; default embedding_length / head_count),
+//   .attention.layer_norm_rms_epsilon, .rope.freq_base, .rope.dimension_count (must be the head dim),
+//   .rope.scaling.type / .factor / .original_context_length (linear only), .vocab_size (optional).
+// Llama-3 scaling is the tensor rope_freqs.weight [head_dim/2] (per-pair frequency divisors).
+// Tensor names: token_embd, output_norm, output (absent = tied), blk.N.{attn_norm, attn_q, attn_k,
+// attn_v, attn_output, attn_{q,k,v}.bias, ffn_norm, ffn_gate, ffn_up, ffn_down}.
+#include "framework/core/error.h"
+#include "framework/model/gguf.h"
+#include "framework/model/model_loader.h"
+
+namespace kvlab::detail {
+
+namespace {
+
+DType to_dtype(GgmlType t) {
+  switch (t) {
+    case GgmlType::kF32: return DType::kF32;
+    case GgmlType::kF16: return DType::kF16;
+    case GgmlType::kBF16: return DType::kBF16;
+    case GgmlType::kQ8_0: return DType::kQ8_0;
+  }
+  return DType::kF32;
+}
+
+int get_int(const GgufFile& f, const std::string& key) {
+  const GgufValue& v = f.at(key);
+  if (v.type() == GgufType::kArray) {
+    fail(f.path().string(), ": key '", key, "' is a per-layer array; only one value for all layers is supported");
+  }
+  const int64_t x = v.as_int();
+  if (x <= 0 || x > (int64_t{1} << 31) - 1) fail(f.path().string(), ": key '", key, "' = ", x, " is out of range");
+  return static_cast<int>(x);
+}
+
+int get_int_or(const GgufFile& f, const std::string& key, int fallback) {
+  return f.find(key) ? get_int(f, key) : fallback;
+}
+
+float get_float_or(const GgufFile& f, const std::string& key, float fallback) {
+  const GgufValue* v = f.find(key);
+  return v ? static_cast<float>(v->as_float()) : fallback;
+}
+
+}  // namespace
+
+void load_gguf(Model& model, const std::filesystem::path& path, const LoadOptions& opts) {
+  auto file = std::make_shared<GgufFile>(GgufFile::open(path));
+  const GgufFile& f = *file;
+  model.storage.push_back(file);
+  model.files = {path};
+  const std::string p = path.string();
+
+  const std::string arch = f.at("general.architecture").as_string();
+  if (arch != "llama" && arch != "qwen2") {
+    fail(p, ": unsupported architecture '", arch, "' (supported: llama, qwen2)");
+  }
+  if (const GgufValue* e = f.find(arch + ".expert_count"); e && e->as_int() > 0) {
+    fail(p, ": mixture-of-experts models are not supported (", arch, ".expert_count = ", e->as_int(), ")");
+  }
+  ModelConfig& c = model.config;
+  c.arch = arch;
+  c.rope_style = arch == "qwen2" ? RopeStyle::kNeox : RopeStyle::kInterleaved;
+  c.max_seq_len = get_int(f, arch + ".context_length");
+  c.dim = get_int(f, arch + ".embedding_length");
+  c.n_layers = get_int(f, arch + ".block_count");
+  c.hidden_dim = get_int(f, arch + ".feed_forward_length");
+  c.n_heads = get_int(f, arch + ".attention.head_count");
+  c.n_kv_heads = get_int_or(f, arch + ".attention.head_count_kv", c.n_heads);
+  if (c.dim % c.n_heads != 0 && !f.find(arch + ".attention.key_length")) {
+    fail(p, ": embedding_length ", c.dim, " is not a multiple of head_count ", c.n_heads,
+         " and there is no ", arch, ".attention.key_length");
+  }
+  c.head_dim = get_int_or(f, arch + ".attention.key_length", c.dim / c.n_heads);
+  if (const int v_dim = get_int_or(f, arch + ".attention.value_length", c.head_dim); v_dim != c.head_dim) {
+    fail(p, ": value_length ", v_dim, " differs from key_length ", c.head_dim, " (unsupported)");
+  }
+  if (const int rot = get_int_or(f, arch + ".rope.dimension_count", c.head_dim); rot != c.head_dim) {
+    fail(p, ": rope.dimension_count ", rot, " differs from the head dim ", c.head_dim,
+         " (partial rotary embeddings are not supported)");
+  }
+  c.rms_eps = get_float_or(f, arch + ".attention.layer_norm_rms_epsilon", 1e-5f);
+  c.rope_theta = get_float_or(f, arch + ".rope.freq_base", 10000.f);
+
+  if (const GgufValue* t = f.find(arch + ".rope.scaling.type")) {
+    const std::string& type = t->as_string();
+    if (type == "linear") {
+      c.rope_scaling.type = "linear";
+      c.rope_scaling.factor = get_float_or(f, arch + ".rope.scaling.factor", 1.f);
+    } else if (type != "none") {
+      fail(p, ": unsupported rope scaling type '", type, "' (supported: none, linear, and llama3 "
+           "through rope_freqs.weight)");
+    }
+  } else if (const GgufValue* s = f.find(arch + ".rope.scale_linear")) {
+    c.rope_scaling.type = "linear";
+    c.rope_scaling.factor = static_cast<float>(s->as_float());
+  }
+  if (const GgufValue* o = f.find(arch + ".rope.scaling.original_context_length")) {
+    c.rope_scaling.original_max_position = static_cast<int>(o->as_int());
+  }
+
+  TensorTable table;
+  for (const GgufTensorInfo& t : f.tensors()) {
+    RawTensor raw{to_dtype(t.type), std::vector<int64_t>(t.ne.rbegin(), t.ne.rend()), t.data, path};
+    table.add(t.name, std::move(raw));
+  }
+  if (const RawTensor* freqs = table.find("rope_freqs.weight")) {
+    if (freqs->shape != std::vector<int64_t>{c.head_dim / 2}) {
+      fail(p, ": tensor 'rope_freqs.weight' has shape ", shape_string(freqs->shape), ", expected [",
+           c.head_dim / 2, "]");
+    }
+    c.rope_freq_factors.resize(c.head_dim / 2);
+    to_float(freqs->dtype, freqs->data, c.rope_freq_factors.data(), c.head_dim / 2);
+    c.rope_scaling.type = "llama3";
+    float max_factor = 1;
+    for (float x : c.rope_freq_factors) max_factor = std::max(max_factor, x);
+    c.rope_scaling.factor = max_factor;
+  }
+
+  const RawTensor* emb = table.find("token_embd.weight");
+  if (emb == nullptr) fail(p, ": missing tensor 'token_embd.weight'");
+  if (emb->shape.size() != 2) {
+    fail(p, ": tensor 'token_embd.weight' has shape ", shape_string(emb->shape), ", expected [vocab, ", c.dim, "]");
+  }
+  c.vocab_size = static_cast<int>(emb->shape[0]);
+  if (const GgufValue* v = f.find(arch + ".vocab_size"); v && v->as_int() != c.vocab_size) {
+    fail(p, ": ", arch, ".vocab_size = ", v->as_int(), " but token_embd.weight has ", c.vocab_size, " rows");
+  }
+  c.tied_embeddings = table.find("output.weight") == nullptr;
+  c.qkv_bias = table.find("blk.0.attn_q.bias") != nullptr;
+  if (arch == "qwen2" && !c.qkv_bias) fail(p, ": qwen2 model without blk.0.attn_q.bias");
+
+  build_weights(model, table, TensorNames{"token_embd.weight", "output_norm.weight", "output.weight",
+                                          &gguf_tensor_name},
+                opts);
+  attach_tokenizer(model, opts, {}, &f);
+}
+
+}  // namespace kvlab::detail

@@ -1,0 +1,413 @@
+// Loading the tiny fixtures (scripts/fixtures/make_fixtures.py, CTest fixture `tiny_models`):
+// every format of one model must give the same config and the same weights, after accounting for
+// the Q/K row order (GGUF llama and llama2.c: interleaved RoPE order; HF: rotate-half order).
+// Also: dtype conversions on load, RoPE frequencies, and bad inputs failing with clear messages.
+#include "framework/model/model.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "framework/core/error.h"
+
+namespace kvlab {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+fs::path fixtures_dir() {
+  const char* env = std::getenv("KVLAB_BINARY_DIR");
+  return fs::path(env ? env : KVLAB_BINARY_DIR) / "fixtures";
+}
+
+json read_json(const fs::path& p) {
+  std::ifstream in(p);
+  if (!in) throw std::runtime_error("cannot open " + p.string());
+  return json::parse(in);
+}
+
+// The configs make_fixtures.py writes (checked against its fixtures.json below).
+const std::vector<std::string> kFixtures = {
+    "llama_hd32_gqa1_tied",        "llama_hd64_gqa2_untied",   "llama_hd80_gqa4_untied",
+    "llama_hd128_gqa8_tied",       "qwen2_hd64_gqa2_bias_tied", "qwen2_hd32_gqa4_bias_untied",
+    "llama3_rope_hd32_gqa4"};
+
+std::unique_ptr<Model> load(const fs::path& p, const std::string& dtype = "keep") {
+  LoadOptions opts;
+  opts.weight_dtype = dtype;
+  opts.load_tokenizer = false;
+  return load_model(p, opts);
+}
+
+// Rotate-half row order -> interleaved row order, per head of head_dim rows:
+// interleaved row 2i + j == rotate-half row j * head_dim/2 + i.
+std::vector<float> to_interleaved(const std::vector<float>& w, int64_t rows, int64_t cols, int head_dim) {
+  std::vector<float> out(w.size());
+  const int half = head_dim / 2;
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t head = r / head_dim, k = r % head_dim, i = k / 2, j = k % 2;
+    const int64_t src = head * head_dim + j * half + i;
+    std::copy_n(w.begin() + src * cols, cols, out.begin() + r * cols);
+  }
+  return out;
+}
+
+// All matrices and vectors of a model as float32, with Q/K in interleaved order.
+struct FlatModel {
+  std::vector<std::vector<float>> tensors;
+  std::vector<std::string> names;
+  std::vector<bool> is_matrix;
+};
+
+FlatModel flatten(const Model& m, bool from_neox_llama) {
+  FlatModel f;
+  const int hd = m.config.head_dim;
+  auto add = [&](const std::string& name, std::vector<float> v, bool is_matrix = true) {
+    f.names.push_back(name);
+    f.tensors.push_back(std::move(v));
+    f.is_matrix.push_back(is_matrix);
+  };
+  add("tok_embeddings", weight_to_float(m.tok_embeddings));
+  for (size_t i = 0; i < m.layers.size(); ++i) {
+    const LayerWeights& l = m.layers[i];
+    const std::string p = "layer" + std::to_string(i) + ".";
+    auto wq = weight_to_float(l.wq), wk = weight_to_float(l.wk);
+    if (from_neox_llama) {
+      wq = to_interleaved(wq, l.wq.rows, l.wq.cols, hd);
+      wk = to_interleaved(wk, l.wk.rows, l.wk.cols, hd);
+    }
+    add(p + "attn_norm", l.attn_norm, false);
+    add(p + "wq", wq);
+    add(p + "wk", wk);
+    add(p + "wv", weight_to_float(l.wv));
+    add(p + "wo", weight_to_float(l.wo));
+    add(p + "bq", l.bq, false);
+    add(p + "bk", l.bk, false);
+    add(p + "bv", l.bv, false);
+    add(p + "ffn_norm", l.ffn_norm, false);
+    add(p + "w_gate", weight_to_float(l.w_gate));
+    add(p + "w_up", weight_to_float(l.w_up));
+    add(p + "w_down", weight_to_float(l.w_down));
+  }
+  add("final_norm", m.final_norm, false);
+  add("lm_head", weight_to_float(m.lm_head));
+  return f;
+}
+
+// Applies a float -> float rounding (e.g. through fp16) to the matrices (and to the vectors too
+// when `vectors`: a BF16 safetensors file stores norms as BF16, a GGUF keeps them F32).
+FlatModel rounded(FlatModel f, float (*round)(float), bool vectors = false) {
+  for (size_t i = 0; i < f.tensors.size(); ++i) {
+    if (!f.is_matrix[i] && !vectors) continue;
+    for (float& x : f.tensors[i]) x = round(x);
+  }
+  return f;
+}
+
+void expect_same(const FlatModel& a, const FlatModel& b, const std::string& what) {
+  ASSERT_EQ(a.names, b.names) << what;
+  for (size_t i = 0; i < a.tensors.size(); ++i) {
+    ASSERT_EQ(a.tensors[i].size(), b.tensors[i].size()) << what << ": " << a.names[i];
+    for (size_t k = 0; k < a.tensors[i].size(); ++k) {
+      ASSERT_EQ(a.tensors[i][k], b.tensors[i][k]) << what << ": " << a.names[i] << "[" << k << "]";
+    }
+  }
+}
+
+float via_f16(float x) { return fp16_to_fp32(fp32_to_fp16(x)); }
+float via_bf16(float x) { return bf16_to_fp32(fp32_to_bf16(x)); }
+
+class FixtureTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    dir_ = fixtures_dir() / GetParam();
+    if (!fs::exists(dir_ / "fixture.json")) {
+      GTEST_FAIL() << "missing " << dir_ << ": run the make_tiny_models CTest fixture first";
+    }
+    meta_ = read_json(dir_ / "fixture.json");
+  }
+  bool has(const std::string& key) const { return meta_["files"].contains(key); }
+  fs::path file(const std::string& key) const { return dir_ / meta_["files"][key].get<std::string>(); }
+  bool llama() const { return meta_["arch"] == "llama"; }
+
+  fs::path dir_;
+  json meta_;
+};
+
+TEST(Fixtures, ListMatchesTheGenerator) {
+  const json list = read_json(fixtures_dir() / "fixtures.json");
+  EXPECT_EQ(list["fixtures"].get<std::vector<std::string>>(), kFixtures);
+}
+
+TEST_P(FixtureTest, ConfigMatchesInEveryFormat) {
+  for (const std::string key : {"gguf", "gguf_f16", "gguf_q8_0", "hf", "hf_sharded", "hf_bf16", "llama2c"}) {
+    if (!has(key)) continue;
+    SCOPED_TRACE(key);
+    const auto m = load(file(key));
+    const ModelConfig& c = m->config;
+    EXPECT_EQ(c.arch, meta_["arch"]);
+    EXPECT_EQ(c.dim, meta_["dim"]);
+    EXPECT_EQ(c.n_layers, meta_["n_layers"]);
+    EXPECT_EQ(c.n_heads, meta_["n_heads"]);
+    EXPECT_EQ(c.n_kv_heads, meta_["n_kv_heads"]);
+    EXPECT_EQ(c.head_dim, meta_["head_dim"]);
+    EXPECT_EQ(c.hidden_dim, meta_["hidden"]);
+    EXPECT_EQ(c.vocab_size, meta_["vocab"]);
+    EXPECT_EQ(c.max_seq_len, meta_["max_seq_len"]);
+    EXPECT_EQ(c.qkv_bias, meta_["qkv_bias"]);
+    EXPECT_EQ(c.tied_embeddings, meta_["tied"]);
+    EXPECT_FLOAT_EQ(c.rope_theta, meta_["rope_theta"].get<float>());
+    EXPECT_FLOAT_EQ(c.rms_eps, meta_["rms_eps"].get<float>());
+    EXPECT_EQ(c.rope_scaling.type, meta_["rope_scaling"].is_null() ? "none" : "llama3");
+    const bool interleaved = key.rfind("gguf", 0) == 0 ? llama() : key == "llama2c";
+    EXPECT_EQ(c.rope_style, interleaved ? RopeStyle::kInterleaved : RopeStyle::kNeox);
+    EXPECT_EQ(m->layers.size(), static_cast<size_t>(c.n_layers));
+    if (c.tied_embeddings) {
+      EXPECT_EQ(m->lm_head.data, m->tok_embeddings.data);
+    }
+    EXPECT_EQ(m->format, key.substr(0, key.find('_')) == "llama2c" ? "llama2c" : key.substr(0, key.find('_')));
+  }
+}
+
+TEST_P(FixtureTest, WeightsAreIdenticalAcrossFormats) {
+  const auto hf = load(file("hf"));
+  EXPECT_EQ(hf->stored_dtype, "f32");
+  const FlatModel ref = flatten(*hf, llama());  // interleaved order for llama, as stored for qwen2
+  expect_same(flatten(*load(file("gguf")), false), ref, "gguf f32");
+  expect_same(flatten(*load(file("gguf_f16")), false), rounded(ref, via_f16), "gguf f16");
+  if (has("llama2c")) expect_same(flatten(*load(file("llama2c")), false), ref, "llama2.c");
+  if (has("hf_sharded")) expect_same(flatten(*load(file("hf_sharded")), llama()), ref, "hf sharded");
+  if (has("hf_bf16")) expect_same(flatten(*load(file("hf_bf16")), llama()), rounded(ref, via_bf16, true), "hf bf16");
+}
+
+TEST_P(FixtureTest, ConversionOnLoadMatchesStoredFiles) {
+  // f16 on load == the F16 file (1-D tensors are float vectors in both).
+  expect_same(flatten(*load(file("hf"), "f16"), llama()), flatten(*load(file("gguf_f16")), false),
+              "hf -> f16 vs gguf f16");
+  const auto bf = load(file("gguf"), "bf16");
+  EXPECT_EQ(bf->layers[0].wq.dtype, DType::kBF16);
+  expect_same(flatten(*bf, false), rounded(flatten(*load(file("hf")), llama()), via_bf16), "gguf -> bf16");
+  if (has("gguf_q8_0")) {
+    // Python's quantizer (gguf_writer.py) and kvlab's (dtype.cpp) must agree bit for bit.
+    const auto q_file = load(file("gguf_q8_0"));
+    const auto q_load = load(file("gguf"), "q8_0");
+    EXPECT_EQ(q_file->stored_dtype, "q8_0");
+    EXPECT_EQ(q_load->layers[1].w_down.dtype, DType::kQ8_0);
+    expect_same(flatten(*q_load, false), flatten(*q_file, false), "gguf -> q8_0 vs gguf q8_0");
+    const WeightView& a = q_file->layers[0].wq;
+    const WeightView& b = q_load->layers[0].wq;
+    EXPECT_EQ(std::memcmp(a.data, b.data, a.rows * a.row_bytes()), 0);
+  }
+}
+
+TEST_P(FixtureTest, RopeFrequenciesAgreeBetweenGgufAndHf) {
+  const auto g = load(file("gguf"));
+  const auto h = load(file("hf"));
+  const std::vector<float> fg = rope_inv_freq(g->config), fh = rope_inv_freq(h->config);
+  ASSERT_EQ(fg.size(), static_cast<size_t>(g->config.head_dim / 2));
+  ASSERT_EQ(fg.size(), fh.size());
+  for (size_t i = 0; i < fg.size(); ++i) EXPECT_NEAR(fg[i], fh[i], 2e-7 * fh[i]) << i;
+  const double theta = meta_["rope_theta"].get<double>();
+  EXPECT_FLOAT_EQ(fh[0], 1.f);
+  if (meta_["rope_scaling"].is_null()) {
+    EXPECT_FLOAT_EQ(fh.back(), static_cast<float>(std::pow(theta, -2.0 * (static_cast<double>(fh.size()) - 1) / g->config.head_dim)));
+    EXPECT_TRUE(g->config.rope_freq_factors.empty());
+  } else {
+    EXPECT_EQ(g->config.rope_freq_factors.size(), fg.size());
+    // The lowest frequency is divided by the full factor.
+    const double base = std::pow(theta, -2.0 * (static_cast<double>(fh.size()) - 1) / g->config.head_dim);
+    EXPECT_NEAR(fh.back(), base / meta_["rope_scaling"]["factor"].get<double>(), 1e-6 * base);
+  }
+}
+
+TEST_P(FixtureTest, TokenizersAttachWhenPresent) {
+  LoadOptions opts;
+  const auto g = load_model(file("gguf"), opts);
+  ASSERT_NE(g->tokenizer, nullptr) << g->tokenizer_search;
+  EXPECT_EQ(g->tokenizer->vocab_size(), meta_["vocab"].get<int>());
+  EXPECT_EQ(g->tokenizer->bos_id(), 1);
+  if (has("llama2c")) {
+    const auto l = load_model(file("llama2c"), opts);
+    ASSERT_NE(l->tokenizer, nullptr) << l->tokenizer_search;
+    EXPECT_EQ(l->tokenizer->vocab_size(), meta_["vocab"].get<int>());
+    EXPECT_EQ(l->tokenizer->encode("hello the"), g->tokenizer->encode("hello the"));
+  }
+  const auto h = load_model(file("hf"), opts);  // fixtures carry no HF tokenizer files
+  EXPECT_EQ(h->tokenizer, nullptr);
+  EXPECT_THROW(h->require_tokenizer(), Error);
+}
+
+TEST_P(FixtureTest, ParameterCountAndKvBytes) {
+  const auto m = load(file("hf"));
+  const ModelConfig& c = m->config;
+  const int64_t d = c.dim, q = c.n_heads * c.head_dim, kv = c.n_kv_heads * c.head_dim, ff = c.hidden_dim;
+  int64_t expected = c.vocab_size * d * (c.tied_embeddings ? 1 : 2) + d;
+  expected += c.n_layers * (2 * d + d * q * 2 + d * kv * 2 + 3 * d * ff + (c.qkv_bias ? q + 2 * kv : 0));
+  EXPECT_EQ(parameter_count(*m), expected);
+  EXPECT_EQ(c.kv_bytes_per_token(DType::kF16), static_cast<size_t>(2 * c.n_layers * kv * 2));
+  EXPECT_EQ(c.kv_bytes_per_token(DType::kF32), static_cast<size_t>(2 * c.n_layers * kv * 4));
+  EXPECT_EQ(c.kv_bytes_per_token(DType::kQ8_0), static_cast<size_t>((2 * c.n_layers * kv * 34 + 31) / 32));
+}
+
+INSTANTIATE_TEST_SUITE_P(TinyModels, FixtureTest, ::testing::ValuesIn(kFixtures),
+                         [](const auto& info) { return info.param; });
+
+// ----- bad input -----------------------------------------------------------------------------
+
+fs::path scratch(const std::string& name) {
+  const fs::path dir = fs::temp_directory_path() / ("kvlab_model_test_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  return dir / name;
+}
+
+std::string read_bytes(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+void write_bytes(const fs::path& p, const std::string& b) {
+  std::ofstream(p, std::ios::binary).write(b.data(), b.size());
+}
+
+// Loads `p` expecting kvlab::Error whose message contains every `needles` entry.
+void expect_error(const fs::path& p, const std::vector<std::string>& needles, LoadOptions opts = {}) {
+  opts.load_tokenizer = opts.require_tokenizer;
+  try {
+    load_model(p, opts);
+    ADD_FAILURE() << p << " loaded without error";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    for (const std::string& n : needles) EXPECT_NE(msg.find(n), std::string::npos) << "'" << n << "' not in: " << msg;
+  }
+}
+
+const fs::path kSmall = "llama_hd32_gqa1_tied";
+
+TEST(BadInput, MissingFile) {
+  expect_error(fixtures_dir() / "nope.gguf", {"nope.gguf", "no such file"});
+  expect_error(fixtures_dir() / "bad", {"no config.json"});
+}
+
+TEST(BadInput, TruncatedFilesInEveryFormat) {
+  const fs::path src = fixtures_dir() / kSmall;
+  struct Case { fs::path from; std::string name; };
+  for (const Case& c : {Case{src / "model.gguf", "t.gguf"}, Case{src / "model.bin", "t.bin"}}) {
+    const std::string bytes = read_bytes(c.from);
+    for (size_t n : {size_t{0}, size_t{3}, size_t{20}, size_t{100}, bytes.size() / 2, bytes.size() - 1}) {
+      const fs::path p = scratch(c.name);
+      write_bytes(p, bytes.substr(0, n));
+      expect_error(p, {p.string(), "truncated"});
+    }
+  }
+  const fs::path hf = scratch("hf_trunc");
+  fs::create_directories(hf);
+  fs::copy_file(src / "hf/config.json", hf / "config.json", fs::copy_options::overwrite_existing);
+  const std::string st = read_bytes(src / "hf/model.safetensors");
+  for (size_t n : {size_t{4}, size_t{100}, st.size() - 1}) {
+    write_bytes(hf / "model.safetensors", st.substr(0, n));
+    expect_error(hf, {"model.safetensors", "truncated"});
+  }
+}
+
+TEST(BadInput, WrongMagic) {
+  std::string bytes = read_bytes(fixtures_dir() / kSmall / "model.gguf");
+  bytes.replace(0, 4, "GGUX");
+  const fs::path p = scratch("magic.gguf");
+  write_bytes(p, bytes);
+  expect_error(p, {p.string(), "wrong magic"});
+  // Not a GGUF by name or magic: read as llama2.c, whose header then does not fit.
+  const fs::path txt = scratch("notes.bin");
+  write_bytes(txt, std::string(4096, 'x'));
+  expect_error(txt, {txt.string(), "not a llama2.c checkpoint"});
+}
+
+TEST(BadInput, UnsupportedTensorTypeArchitectureAndShape) {
+  const fs::path bad = fixtures_dir() / "bad";
+  expect_error(bad / "q4_0_tensor.gguf", {"q4_0_tensor.gguf", "token_embd.weight", "unsupported tensor type Q4_0"});
+  expect_error(bad / "unknown_arch.gguf", {"unknown_arch.gguf", "unsupported architecture 'gpt2'"});
+  expect_error(bad / "shape_mismatch.gguf",
+               {"shape_mismatch.gguf", "blk.1.attn_k.weight", "shape [96, 64]", "expected [64, 64]"});
+}
+
+// An HF directory whose config.json is edited by `edit` (weights linked from the fixture).
+fs::path hf_with_config(const std::string& name, void (*edit)(json&)) {
+  const fs::path src = fixtures_dir() / kSmall / "hf";
+  const fs::path dir = scratch(name);
+  fs::create_directories(dir);
+  json config = read_json(src / "config.json");
+  edit(config);
+  std::ofstream(dir / "config.json") << config.dump();
+  fs::remove(dir / "model.safetensors");
+  fs::create_symlink(src / "model.safetensors", dir / "model.safetensors");
+  return dir;
+}
+
+TEST(BadInput, HfConfigProblems) {
+  expect_error(hf_with_config("hf_arch", [](json& c) { c["architectures"] = {"GPT2LMHeadModel"}; }),
+               {"config.json", "unsupported architecture 'GPT2LMHeadModel'"});
+  expect_error(hf_with_config("hf_shape", [](json& c) { c["intermediate_size"] = 128; }),
+               {"model.safetensors", "model.layers.0.mlp.gate_proj.weight", "shape [160, 64]",
+                "expected [128, 64]"});
+  expect_error(hf_with_config("hf_untied", [](json& c) { c["tie_word_embeddings"] = false; }),
+               {"missing tensor 'lm_head.weight'"});
+  expect_error(hf_with_config("hf_missing", [](json& c) { c.erase("hidden_size"); }),
+               {"config.json", "missing key 'hidden_size'"});
+  expect_error(hf_with_config("hf_type", [](json& c) { c["num_hidden_layers"] = "two"; }),
+               {"config.json", "'num_hidden_layers'", "expected an integer"});
+  expect_error(hf_with_config("hf_layers", [](json& c) { c["num_hidden_layers"] = 3; }),
+               {"missing tensor 'model.layers.2.input_layernorm.weight'"});
+  expect_error(hf_with_config("hf_rope", [](json& c) { c["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4}}; }),
+               {"unsupported rope_scaling type 'yarn'"});
+}
+
+TEST(BadInput, MissingTokenizer) {
+  const fs::path dir = scratch("l2c_no_tok");
+  fs::create_directories(dir);
+  fs::remove(dir / "model.bin");
+  fs::create_symlink(fixtures_dir() / kSmall / "model.bin", dir / "model.bin");
+  LoadOptions opts;
+  opts.require_tokenizer = true;
+  expect_error(dir / "model.bin", {"model.bin", "no tokenizer found", "tokenizer.bin"}, opts);
+  LoadOptions lenient;
+  const auto m = load_model(dir / "model.bin", lenient);
+  EXPECT_EQ(m->tokenizer, nullptr);
+  try {
+    m->require_tokenizer();
+    ADD_FAILURE();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("tokenizer.bin"), std::string::npos) << e.what();
+  }
+}
+
+TEST(BadInput, Llama2cSizeMismatchAndBadHeader) {
+  std::string bytes = read_bytes(fixtures_dir() / kSmall / "model.bin");
+  const fs::path p = scratch("extra.bin");
+  write_bytes(p, bytes + std::string(4, '\0'));
+  expect_error(p, {"size mismatch", "dim=64"});
+  int32_t heads = 3;  // dim 64 is not a multiple of 3
+  std::memcpy(&bytes[12], &heads, 4);
+  write_bytes(p, bytes);
+  expect_error(p, {"not a llama2.c checkpoint", "dim is not a multiple of n_heads"});
+}
+
+TEST(BadInput, QuantizingOddColumnsIsRefused) {
+  // hidden 160 is a multiple of 32, but converting to an unknown dtype must fail clearly.
+  LoadOptions opts;
+  opts.weight_dtype = "q4_0";
+  opts.load_tokenizer = false;
+  try {
+    load_model(fixtures_dir() / kSmall / "model.gguf", opts);
+    ADD_FAILURE();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("unknown dtype 'q4_0'"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace kvlab
