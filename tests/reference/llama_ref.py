@@ -1,0 +1,166 @@
+#!/usr/bin/python3
+"""Independent reference forward pass for Llama-family models (numpy, float64), used by the tests
+to check kvlab's logits. Reads a Hugging Face directory by itself (config.json + safetensors,
+sharded or not, F32/F16/BF16) and shares no code with kvlab or the fixture generator.
+
+    /usr/bin/python3 tests/reference/llama_ref.py --model DIR --tokens 1,2,3 --out logits.f32
+
+writes raw little-endian float32 logits [n_tokens, vocab] (row i: the logits after token i).
+
+Model (HF LlamaForCausalLM / MistralForCausalLM / Qwen2ForCausalLM, no KV cache, full causal
+attention over the given tokens at positions 0..n-1):
+    x = E[tokens]
+    per layer:  h = rmsnorm(x) * w_in;  q, k, v = h Wq^T + bq, h Wk^T + bk, h Wv^T + bv
+                q, k = rope_rotate_half(q), rope_rotate_half(k)       (pairs (i, i + d/2))
+                a = softmax(q k^T / sqrt(d) + causal mask) v            (kv head = head // group)
+                x = x + a Wo^T;  h = rmsnorm(x) * w_post
+                x = x + (silu(h Wg^T) * (h Wu^T)) Wd^T
+    logits = (rmsnorm(x) * w_final) W_lm^T                              (W_lm = E when tied)
+rmsnorm(x) = x / sqrt(mean(x^2) + eps). RoPE inverse frequencies theta^(-2i/d), with "linear"
+(divided by factor) and "llama3" scaling (HF's _compute_llama3_parameters).
+"""
+
+import argparse
+import json
+import math
+import os
+import struct
+import sys
+
+import numpy as np
+
+
+def read_safetensors(path):
+    with open(path, "rb") as f:
+        data = f.read()
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + n])
+    base = 8 + n
+    out = {}
+    for name, e in header.items():
+        if name == "__metadata__":
+            continue
+        b, end = e["data_offsets"]
+        raw = data[base + b: base + end]
+        if e["dtype"] == "F32":
+            a = np.frombuffer(raw, dtype="<f4").astype(np.float64)
+        elif e["dtype"] == "F16":
+            a = np.frombuffer(raw, dtype="<f2").astype(np.float64)
+        elif e["dtype"] == "BF16":
+            a = (np.frombuffer(raw, dtype="<u2").astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+        else:
+            raise ValueError(f"{path}: unsupported dtype {e['dtype']} for {name}")
+        out[name] = a.reshape(e["shape"])
+    return out
+
+
+def load_hf(model_dir):
+    with open(os.path.join(model_dir, "config.json")) as f:
+        cfg = json.load(f)
+    single = os.path.join(model_dir, "model.safetensors")
+    weights = {}
+    if os.path.exists(single):
+        weights = read_safetensors(single)
+    else:
+        with open(os.path.join(model_dir, "model.safetensors.index.json")) as f:
+            shards = sorted(set(json.load(f)["weight_map"].values()))
+        for s in shards:
+            weights.update(read_safetensors(os.path.join(model_dir, s)))
+    return cfg, weights
+
+
+def inv_frequencies(cfg, head_dim):
+    theta = cfg.get("rope_theta", 10000.0)
+    inv = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    rs = cfg.get("rope_scaling") or {}
+    kind = rs.get("rope_type", rs.get("type", "default"))
+    if kind == "linear":
+        inv = inv / rs["factor"]
+    elif kind == "llama3":
+        factor, low, high = rs["factor"], rs.get("low_freq_factor", 1.0), rs.get("high_freq_factor", 4.0)
+        old = rs.get("original_max_position_embeddings", 8192)
+        wavelen = 2 * math.pi / inv
+        scaled = np.where(wavelen > old / low, inv / factor, inv)
+        smooth = (old / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = (wavelen >= old / high) & (wavelen <= old / low)
+        inv = np.where(medium, smoothed, scaled)
+    elif kind not in ("default", None):
+        raise ValueError(f"unsupported rope scaling {kind}")
+    return inv
+
+
+def rmsnorm(x, w, eps):
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
+
+
+def rope_rotate_half(x, cos, sin):
+    """x [n, heads, d]; cos/sin [n, d/2]. Rotates pairs (i, i + d/2) by angle pos * inv_freq[i]."""
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    c, s = cos[:, None, :], sin[:, None, :]
+    return np.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1)
+
+
+def forward(cfg, w, tokens):
+    d = cfg["hidden_size"]
+    n_heads = cfg["num_attention_heads"]
+    n_kv = cfg.get("num_key_value_heads", n_heads)
+    hd = cfg.get("head_dim") or d // n_heads
+    eps = cfg.get("rms_norm_eps", 1e-6)
+    group = n_heads // n_kv
+    n = len(tokens)
+    pos = np.arange(n, dtype=np.float64)
+    ang = np.outer(pos, inv_frequencies(cfg, hd))
+    cos, sin = np.cos(ang), np.sin(ang)
+    mask = np.triu(np.full((n, n), -np.inf), k=1)
+
+    def bias(name, size):
+        return w.get(name, np.zeros(size))
+
+    x = w["model.embed_tokens.weight"][np.asarray(tokens)]
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        h = rmsnorm(x, w[p + "input_layernorm.weight"], eps)
+        q = h @ w[p + "self_attn.q_proj.weight"].T + bias(p + "self_attn.q_proj.bias", n_heads * hd)
+        k = h @ w[p + "self_attn.k_proj.weight"].T + bias(p + "self_attn.k_proj.bias", n_kv * hd)
+        v = h @ w[p + "self_attn.v_proj.weight"].T + bias(p + "self_attn.v_proj.bias", n_kv * hd)
+        q = rope_rotate_half(q.reshape(n, n_heads, hd), cos, sin)
+        k = rope_rotate_half(k.reshape(n, n_kv, hd), cos, sin)
+        v = v.reshape(n, n_kv, hd)
+        out = np.empty((n, n_heads, hd))
+        for head in range(n_heads):
+            kv = head // group
+            s = q[:, head, :] @ k[:, kv, :].T / math.sqrt(hd) + mask
+            s = np.exp(s - s.max(axis=1, keepdims=True))
+            s /= s.sum(axis=1, keepdims=True)
+            out[:, head, :] = s @ v[:, kv, :]
+        x = x + out.reshape(n, n_heads * hd) @ w[p + "self_attn.o_proj.weight"].T
+        h = rmsnorm(x, w[p + "post_attention_layernorm.weight"], eps)
+        g = h @ w[p + "mlp.gate_proj.weight"].T
+        u = h @ w[p + "mlp.up_proj.weight"].T
+        x = x + (g / (1 + np.exp(-g)) * u) @ w[p + "mlp.down_proj.weight"].T
+    x = rmsnorm(x, w["model.norm.weight"], eps)
+    lm = w.get("lm_head.weight")
+    if lm is None or cfg.get("tie_word_embeddings", False):
+        lm = w["model.embed_tokens.weight"]
+    return x @ lm.T
+
+
+def main():
+    ap = argparse.ArgumentParser(description="numpy float64 reference forward pass (HF directory)")
+    ap.add_argument("--model", required=True, help="Hugging Face model directory")
+    ap.add_argument("--tokens", required=True, help="comma-separated token ids, e.g. 1,2,3")
+    ap.add_argument("--out", required=True, help="output: raw float32 [n_tokens, vocab]")
+    args = ap.parse_args()
+    cfg, w = load_hf(args.model)
+    tokens = [int(t) for t in args.tokens.split(",") if t.strip()]
+    vocab = cfg["vocab_size"]
+    if not tokens or min(tokens) < 0 or max(tokens) >= vocab:
+        sys.exit(f"llama_ref.py: token ids must be in [0, {vocab})")
+    logits = forward(cfg, w, tokens)
+    logits.astype("<f4").tofile(args.out)
+
+
+if __name__ == "__main__":
+    main()
