@@ -71,6 +71,13 @@ SentencePieceTokenizer::SentencePieceTokenizer(const std::string& serialized, co
       surface_[id] = unescape_spaces(piece);
     }
   }
+  word_memo_ = flags.identity && flags.escape_whitespaces && !flags.remove_extra_whitespaces &&
+               !flags.treat_whitespace_as_suffix;
+  for (int id = 0; id < n && word_memo_; ++id) {
+    std::string_view piece = sp_->IdToPiece(id);
+    while (piece.substr(0, kSpaceSymbol.size()) == kSpaceSymbol) piece.remove_prefix(kSpaceSymbol.size());
+    if (piece.find(kSpaceSymbol) != std::string_view::npos) word_memo_ = false;  // "a▁b": merges cross spaces
+  }
   std::stable_sort(specials_.begin(), specials_.end(),
                    [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
 
@@ -82,15 +89,45 @@ SentencePieceTokenizer::SentencePieceTokenizer(const std::string& serialized, co
 
 SentencePieceTokenizer::~SentencePieceTokenizer() = default;
 
-void SentencePieceTokenizer::encode_text(std::string_view text, bool at_start,
-                                         std::vector<int32_t>& out) const {
-  if (text.empty()) return;
+void SentencePieceTokenizer::encode_with(const sentencepiece::SentencePieceProcessor& sp,
+                                         std::string_view text, std::vector<int32_t>& out) const {
   std::vector<int> ids;
-  const auto& sp = at_start ? *sp_ : *sp_continue_;
   const auto status = sp.Encode(text, &ids);
   // Encode only fails for an unloaded model, which the constructor rules out.
   KVLAB_CHECK(status.ok(), source_, ": ", status.ToString());
   out.insert(out.end(), ids.begin(), ids.end());
+}
+
+void SentencePieceTokenizer::encode_text(std::string_view text, bool at_start,
+                                         std::vector<int32_t>& out) const {
+  if (text.empty()) return;
+  if (!word_memo_) {
+    encode_with(at_start ? *sp_ : *sp_continue_, text, out);
+    return;
+  }
+  // Words: cut before each space that follows a non-space ("a  b c" -> "a", "  b", " c").
+  size_t begin = 0;
+  for (size_t end = 1; end <= text.size(); ++end) {
+    if (end < text.size() && !(text[end] == ' ' && text[end - 1] != ' ')) continue;
+    const std::string_view word = text.substr(begin, end - begin);
+    if (begin == 0 && at_start) {
+      encode_with(*sp_, word, out);  // the only word that gets the dummy prefix
+    } else {
+      const std::string key(word);
+      std::unique_lock<std::mutex> lock(memo_mutex_);
+      if (const auto it = memo_.find(key); it != memo_.end()) {
+        out.insert(out.end(), it->second.begin(), it->second.end());
+      } else {
+        lock.unlock();
+        const size_t first = out.size();
+        encode_with(*sp_continue_, word, out);
+        lock.lock();
+        if (memo_.size() >= kMaxMemoWords) memo_.clear();
+        memo_.emplace(key, std::vector<int32_t>(out.begin() + first, out.end()));
+      }
+    }
+    begin = end;
+  }
 }
 
 std::vector<int32_t> SentencePieceTokenizer::encode(std::string_view text,

@@ -47,8 +47,10 @@ constexpr uint32_t kTrainerModelType = 3, kTrainerByteFallback = 35, kTrainerUnk
                    kTrainerBosId = 41, kTrainerEosId = 42, kTrainerPadId = 43,
                    kTrainerUnkPiece = 45, kTrainerBosPiece = 46, kTrainerEosPiece = 47,
                    kTrainerPadPiece = 48;
-constexpr uint32_t kNormalizerName = 1, kNormalizerAddDummyPrefix = 3,
-                   kNormalizerRemoveExtraWhitespaces = 4, kNormalizerEscapeWhitespaces = 5;
+constexpr uint32_t kTrainerTreatWhitespaceAsSuffix = 24;
+constexpr uint32_t kNormalizerName = 1, kNormalizerCharsmap = 2, kNormalizerAddDummyPrefix = 3,
+                   kNormalizerRemoveExtraWhitespaces = 4, kNormalizerEscapeWhitespaces = 5,
+                   kNormalizerRuleTsv = 6;
 
 }  // namespace
 
@@ -161,6 +163,8 @@ class WireReader {
 SpmNormalizerFlags read_spm_normalizer_flags(std::string_view serialized, const std::string& source) {
   SpmNormalizerFlags flags;
   bool has_trainer_spec = false, has_normalizer_spec = false;
+  bool has_rules = false;  // a precompiled charsmap or rule TSV
+  std::string_view name;   // normalizer_spec.name (a repeated normalizer_spec merges: last set wins)
   WireReader top(serialized, source, "ModelProto");
   while (!top.done()) {
     uint32_t wire_type = 0;
@@ -168,17 +172,33 @@ SpmNormalizerFlags read_spm_normalizer_flags(std::string_view serialized, const 
     std::string_view payload;
     const uint32_t field = top.field(&wire_type, &value, &payload);
     if (field == kModelPieces && wire_type == kWireLength) ++flags.n_pieces;
-    if (field == kModelTrainerSpec && wire_type == kWireLength) has_trainer_spec = true;
+    if (field == kModelTrainerSpec && wire_type == kWireLength) {
+      has_trainer_spec = true;
+      WireReader spec(payload, source, "trainer_spec");
+      while (!spec.done()) {
+        const uint32_t f = spec.field(&wire_type, &value, &payload);
+        if (f == kTrainerTreatWhitespaceAsSuffix && wire_type == kWireVarint)
+          flags.treat_whitespace_as_suffix = value != 0;
+      }
+      continue;
+    }
     if (field != kModelNormalizerSpec || wire_type != kWireLength) continue;
     has_normalizer_spec = true;
     WireReader spec(payload, source, "normalizer_spec");
     while (!spec.done()) {
       const uint32_t f = spec.field(&wire_type, &value, &payload);
+      if (wire_type == kWireLength) {
+        if (f == kNormalizerName) name = payload;
+        if ((f == kNormalizerCharsmap || f == kNormalizerRuleTsv) && !payload.empty()) has_rules = true;
+        continue;
+      }
       if (wire_type != kWireVarint) continue;
       if (f == kNormalizerAddDummyPrefix) flags.add_dummy_prefix = value != 0;
       if (f == kNormalizerRemoveExtraWhitespaces) flags.remove_extra_whitespaces = value != 0;
+      if (f == kNormalizerEscapeWhitespaces) flags.escape_whitespaces = value != 0;
     }
   }
+  flags.identity = name == "identity" && !has_rules;
   if (flags.n_pieces == 0) fail(source, ": not a valid SentencePiece model (no pieces)");
   // sentencepiece writes pieces, then trainer_spec, then normalizer_spec: a file cut at a field
   // boundary still parses, but lacks these.

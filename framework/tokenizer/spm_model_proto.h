@@ -12,8 +12,10 @@
 //   TrainerSpec       3 model_type (UNIGRAM=1 BPE=2 WORD=3 CHAR=4)  35 byte_fallback (bool)
 //                     40 unk_id  41 bos_id  42 eos_id  43 pad_id (int32)
 //                     45 unk_piece  46 bos_piece  47 eos_piece  48 pad_piece (string)
-//   NormalizerSpec    1 name  3 add_dummy_prefix (default true)
+//                     24 treat_whitespace_as_suffix (bool, read only)
+//   NormalizerSpec    1 name  2 precompiled_charsmap (bytes)  3 add_dummy_prefix (default true)
 //                     4 remove_extra_whitespaces (default true!)  5 escape_whitespaces (default true)
+//                     6 normalization_rule_tsv (string, read only)
 // Wire format: key = (field << 3) | wire_type; wire types 0 varint, 2 length-delimited,
 // 5 fixed 32-bit little endian. A message field that occurs twice is merged (later scalars win).
 #pragma once
@@ -51,11 +53,15 @@ std::string serialize_spm_model_proto(const SpmVocab& vocab);
 // becomes `value` (protobuf merges a repeated message field into the first one).
 std::string spm_add_dummy_prefix_override(bool value);
 
-// The normalizer switches that decoding needs (sentencepiece strips the first piece's leading
-// space when either is on).
+// The normalizer switches kvlab needs to know: decoding (sentencepiece strips the first piece's
+// leading space when add_dummy_prefix or remove_extra_whitespaces is on) and whether text may be
+// encoded word by word (sentencepiece_tokenizer.cpp: identity normalizer, spaces escaped, kept).
 struct SpmNormalizerFlags {
   bool add_dummy_prefix = true;           // proto2 defaults
   bool remove_extra_whitespaces = true;
+  bool escape_whitespaces = true;
+  bool identity = false;                  // no precompiled_charsmap and no rule TSV: text used as is
+  bool treat_whitespace_as_suffix = false;  // TrainerSpec 24: "▁" ends pieces instead of starting them
   int n_pieces = 0;
 };
 

@@ -156,6 +156,22 @@ TEST(SentencePieceProto, DummyPrefixCanBeSwitchedOff) {
   EXPECT_EQ(tok->decode(tok->encode(" ab")), " ab");
 }
 
+TEST(SentencePieceProto, PieceSpanningASpaceStillWins) {
+  // "b▁a" lets a merge cross a space, so the word-by-word memo must stay off for this vocabulary:
+  // the ids must be those of encoding the whole text at once.
+  SpmVocab v = tiny_spm_vocab();
+  v.pieces.push_back("b\xE2\x96\x81" "a");  // 265 b▁a, the best-scoring merge
+  v.scores.push_back(0.5f);
+  v.types.push_back(SpmPieceType::kNormal);
+  v.pieces.push_back("b\xE2\x96\x81");      // 266 b▁
+  v.scores.push_back(0.6f);
+  v.types.push_back(SpmPieceType::kNormal);
+  const auto tok = sentencepiece_from_vocab(v, "tiny", true);
+  const std::vector<int32_t> ids = tok->encode("ab ab");
+  EXPECT_NE(std::find(ids.begin(), ids.end(), 265), ids.end());
+  EXPECT_EQ(tok->decode(ids), "ab ab");
+}
+
 TEST(SentencePieceProto, StreamingHoldsBackPartialCharacters) {
   const auto tok = sentencepiece_from_vocab(tiny_spm_vocab(), "tiny", true);
   const std::string text = "ab \xF0\x9F\x98\x80 ab";  // 😀 is four byte pieces
