@@ -1,5 +1,6 @@
 #include "framework/engine/random_model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 
@@ -13,16 +14,26 @@ class Builder {
  public:
   Builder(Model& m, DType dtype, uint64_t seed) : m_(m), dtype_(dtype), rng_(seed) {}
 
+  // Generated and converted 64 rows at a time, so building a big model never holds a second,
+  // fp32 copy of a whole matrix (the benchmark measures peak RSS).
   WeightView matrix(int64_t rows, int64_t cols) {
-    std::vector<float> f(static_cast<size_t>(rows * cols));
-    std::normal_distribution<float> nd(0.f, 1.f / std::sqrt(static_cast<float>(cols)));
-    for (float& v : f) v = nd(rng_);
-    const size_t bytes = dtype_bytes(dtype_, rows * cols);
-    std::shared_ptr<uint8_t[]> buf(new uint8_t[bytes]);
-    from_float(dtype_, f.data(), buf.get(), rows * cols);
+    // uniform on [-a, a] with a = sqrt(3 / cols): variance 1 / cols, and cheap to draw
+    const float a = std::sqrt(3.f / static_cast<float>(cols));
+    const size_t row_bytes = dtype_bytes(dtype_, cols);
+    std::shared_ptr<uint8_t[]> buf(new uint8_t[row_bytes * rows]);
+    constexpr int64_t kRowsPerChunk = 64;
+    std::vector<float> f(static_cast<size_t>(std::min(rows, kRowsPerChunk) * cols));
+    for (int64_t r0 = 0; r0 < rows; r0 += kRowsPerChunk) {
+      const int64_t n = std::min(kRowsPerChunk, rows - r0);
+      for (int64_t i = 0; i < n * cols; ++i) f[i] = a * uniform_pm1();
+      from_float(dtype_, f.data(), buf.get() + r0 * row_bytes, n * cols);
+    }
     m_.storage.push_back(std::shared_ptr<const void>(buf, buf.get()));
     return WeightView{dtype_, rows, cols, buf.get()};
   }
+  // uniform on [-1, 1) from the top 24 bits of one draw
+  float uniform_pm1() { return static_cast<float>(rng_() >> 40) * (2.f / 16777216.f) - 1.f; }
+
   std::vector<float> vec(int64_t n, float mean, float stddev) {
     std::normal_distribution<float> nd(mean, stddev);
     std::vector<float> v(static_cast<size_t>(n));
@@ -87,6 +98,7 @@ ModelConfig llama2c_config(int dim, int layers, int heads, int hidden) {
   c.vocab_size = 32000;
   c.max_seq_len = 1024;
   c.rope_style = RopeStyle::kInterleaved;
+  c.tied_embeddings = true;  // llama2.c's stories models share the classifier
   return c;
 }
 }  // namespace

@@ -7,12 +7,14 @@
 
 namespace kvlab {
 
-int32_t argmax(std::span<const float> logits) {
+namespace {
+int32_t greedy(std::span<const float> logits) {  // lowest id among equal maxima
   int32_t best = 0;
   for (size_t i = 1; i < logits.size(); ++i)
     if (logits[i] > logits[best]) best = static_cast<int32_t>(i);
   return best;
 }
+}  // namespace
 
 Sampler::Sampler(const SamplerOptions& opts) : opts_(opts), rng_(opts.seed) {
   if (!(opts.temperature >= 0.f)) fail("sampler: temperature must be >= 0, got ", opts.temperature);
@@ -21,7 +23,7 @@ Sampler::Sampler(const SamplerOptions& opts) : opts_(opts), rng_(opts.seed) {
 
 int32_t Sampler::sample(std::span<const float> logits) {
   if (logits.empty()) fail("sampler: empty logits");
-  if (opts_.temperature == 0.f) return argmax(logits);
+  if (opts_.temperature == 0.f) return greedy(logits);
   cand_.clear();
   for (size_t i = 0; i < logits.size(); ++i)
     cand_.emplace_back(logits[i] / opts_.temperature, static_cast<int32_t>(i));

@@ -3,7 +3,7 @@
 //
 // Order (as llama.cpp and Hugging Face): scale by 1/temperature, keep the top_k largest
 // (top_k <= 0: all), softmax over those, keep the smallest prefix (by descending probability)
-// whose mass reaches top_p (top_p >= 1: all), renormalise, draw. Ties break to the lower id.
+// whose mass reaches top_p (top_p >= 1: all), renormalise, draw. Greedy ties break to the lower id.
 #pragma once
 
 #include <cstdint>
@@ -30,7 +30,5 @@ class Sampler {
   std::mt19937_64 rng_;
   std::vector<std::pair<float, int32_t>> cand_;
 };
-
-int32_t argmax(std::span<const float> logits);  // lowest id among equal maxima
 
 }  // namespace kvlab
