@@ -298,6 +298,89 @@ TEST(KvStore, PerHeadEvictionAndCompactionKeepDataExact) {
   }
 }
 
+TEST(KvStore, EvictingTheLastBlockUnderAPendingReservationKeepsRoom) {
+  // reserve(8) with 4 slots written: the 2nd block holds slot 4 plus reserved room. Evicting
+  // slot 4 empties the last used block; the pending appends must still fit without allocating.
+  Fixture f(1, 2, 8, 4, 4);
+  KvStore store(f.cfg);
+  const SeqId s = store.create_sequence();
+  auto model = f.empty_model();
+  ASSERT_EQ(store.reserve(s, 8), AllocStatus::kOk);  // 2 blocks
+  for (int t = 0; t < 5; ++t) f.append(store, s, t, model);
+  Evictions ev;
+  ev.clear(2);
+  ev.evict_all_heads(4);
+  store.evict(s, 0, ev);
+  for (auto& head : model[0]) head.pop_back();
+  EXPECT_EQ(store.n_slots(s, 0), 4);
+  EXPECT_EQ(store.sequence_blocks(s), 2);  // the emptied block is kept for the pending slots
+  for (int t = 5; t < 8; ++t) f.append(store, s, t, model);
+  expect_matches(store, s, model);
+  EXPECT_EQ(store.free_blocks(), 2);
+  // Evicting everything returns every block once nothing is pending.
+  ev.clear(2);
+  for (int slot = 0; slot < store.n_slots(s, 0); ++slot) ev.evict_all_heads(slot);
+  store.evict(s, 0, ev);
+  EXPECT_EQ(store.n_slots(s, 0), 0);
+  EXPECT_EQ(store.free_blocks(), 4);
+  EXPECT_EQ(store.stats().waste_fraction, 0.0);
+}
+
+TEST(KvStore, ForkAtABlockBoundaryNeedsNoCopy) {
+  Fixture f(2, 1, 8, 4, 16);
+  KvStore store(f.cfg);
+  const SeqId p = store.create_sequence();
+  auto pm = f.empty_model();
+  ASSERT_EQ(store.reserve(p, 8), AllocStatus::kOk);
+  for (int t = 0; t < 8; ++t) f.append(store, p, t, pm);
+  const SeqId c = store.fork(p);
+  EXPECT_EQ(store.blocks_needed(c, 1), 2);  // one fresh block per layer, no copy
+  EXPECT_EQ(store.blocks_needed(c, 0), 0);
+  // A partly filled shared last block costs one copy per layer on top.
+  auto cm = pm;
+  ASSERT_EQ(store.reserve(c, 1), AllocStatus::kOk);
+  f.append(store, c, 8, cm);
+  const SeqId c2 = store.fork(c);
+  EXPECT_EQ(store.blocks_needed(c2, 1), 2);  // copy of the shared, partly filled block
+  EXPECT_EQ(store.blocks_needed(c2, 4), 4);  // ... plus a fresh block per layer
+  expect_matches(store, c2, cm);
+  expect_matches(store, p, pm);
+}
+
+TEST(KvStore, CompactionSkippedWhenSharedBlocksCannotBeCopied) {
+  // Pool exactly full: a forked sequence's compaction would need fresh blocks for the shared
+  // ones it rewrites, so it is skipped; the data stays exact either way.
+  Fixture f(1, 1, 8, 4, 10);
+  KvStore store(f.cfg);
+  const SeqId p = store.create_sequence();
+  auto pm = f.empty_model();
+  ASSERT_EQ(store.reserve(p, 40), AllocStatus::kOk);  // all 10 blocks
+  for (int t = 0; t < 40; ++t) f.append(store, p, t, pm);
+  const SeqId c = store.fork(p);
+  auto cm = pm;
+  Evictions ev;
+  ev.clear(1);
+  // Every other slot: no block becomes empty, 20 holes > max(4, 2% of 40): compaction wanted.
+  std::vector<Token> kept;
+  for (int slot = 0; slot < 40; ++slot) {
+    if (slot % 2 == 0) ev.slots[0].push_back(slot); else kept.push_back(cm[0][0][slot]);
+  }
+  cm[0][0] = kept;
+  store.evict(c, 0, ev);
+  EXPECT_EQ(store.n_slots(c, 0), 40);  // skipped: no free block for the copies
+  expect_matches(store, c, cm);
+  expect_matches(store, p, pm);
+  // Once the parent is gone the child's blocks are private, and the next eviction compacts.
+  store.free_sequence(p);
+  ev.clear(1);
+  ev.slots[0] = {1};
+  cm[0][0].erase(cm[0][0].begin());
+  store.evict(c, 0, ev);
+  EXPECT_EQ(store.n_slots(c, 0), 19);
+  EXPECT_EQ(store.free_blocks(), 5);
+  expect_matches(store, c, cm);
+}
+
 TEST(KvStore, WasteUnderFivePercentOnMixedBatch) {
   Fixture f(4, 4, 16, 16, 100000);
   KvStore store(f.cfg);
