@@ -37,6 +37,8 @@ class KvStore::CacheView final : public LayerCacheView {
     check(slot, kv_head);
     return lc_->positions[index(slot, kv_head)];
   }
+  const int64_t* positions_data() const override { return lc_->positions.data(); }
+  const uint8_t* valid_data() const override { return lc_->valid.data(); }
   void load_key(int slot, int kv_head, float* out) const override {
     check(slot, kv_head);
     const int bs = store_->config_.block_size_tokens;

@@ -98,6 +98,8 @@ void expect_matches(const KvStore& store_c, SeqId seq, const std::vector<HeadTok
         ASSERT_LT(i, want.size());
         ASSERT_EQ(kv.position(s, h), want[i].pos) << "layer " << l << " head " << h << " slot " << s;
         ASSERT_EQ(view.slot_position(s, h), want[i].pos);
+        ASSERT_EQ(view.positions_data()[s * cfg.n_kv_heads + h], want[i].pos);
+        ASSERT_EQ(view.valid_data()[s * cfg.n_kv_heads + h], 1);
         for (int d = 0; d < cfg.head_dim; ++d) {
           ASSERT_EQ(kv.key(s, h)[d], want[i].k[d]);
           ASSERT_EQ(kv.value(s, h)[d], want[i].v[d]);
@@ -107,6 +109,8 @@ void expect_matches(const KvStore& store_c, SeqId seq, const std::vector<HeadTok
         ++i;
       }
       ASSERT_EQ(i, want.size()) << "layer " << l << " head " << h;
+      // Order contract (policy.h): positions non-decreasing in slot, holes included.
+      for (int s = 1; s < kv.n_slots; ++s) ASSERT_LE(kv.position(s - 1, h), kv.position(s, h));
     }
   }
 }
