@@ -91,9 +91,19 @@ void RopeTable::rotate(float* x, int64_t pos) const {
     rope_rotate_head(x, config_.head_dim, config_.layout, c, sin_row(pos));
     return;
   }
-  std::vector<float> c(half), s(half);
-  angles(pos, c.data(), s.data());
-  rope_rotate_head(x, config_.head_dim, config_.layout, c.data(), s.data());
+  constexpr int kStackHalf = 256;  // head_dim <= 512 needs no heap (this runs per key in attention)
+  float c_stack[kStackHalf], s_stack[kStackHalf];
+  std::vector<float> c_heap, s_heap;
+  float* c = c_stack;
+  float* s = s_stack;
+  if (half > kStackHalf) {
+    c_heap.resize(half);
+    s_heap.resize(half);
+    c = c_heap.data();
+    s = s_heap.data();
+  }
+  angles(pos, c, s);
+  rope_rotate_head(x, config_.head_dim, config_.layout, c, s);
 }
 
 void apply_rope(float* x, int n_heads, int head_dim, int64_t pos, const RopeTable& table) {
