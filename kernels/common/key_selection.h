@@ -41,9 +41,8 @@ struct KeySelectionView {
     return key_offset[r1 - 1] + (ranges[r1 - 1].end - ranges[r1 - 1].begin);
   }
 
-  // Slot of the n-th selected key of `list` (0 <= n < count).
-  KVLAB_HD int slot_of(int list, int n) const {
-    if (all()) return n;
+  // Index of the range of `list` that holds its n-th selected key (0 <= n < count; not all()).
+  KVLAB_HD int range_of(int list, int n) const {
     int lo = indptr[list], hi = indptr[list + 1] - 1;  // invariant: key_offset[lo] <= n
     while (lo < hi) {
       const int mid = (lo + hi + 1) >> 1;
@@ -53,7 +52,20 @@ struct KeySelectionView {
         hi = mid - 1;
       }
     }
-    return ranges[lo].begin + (n - key_offset[lo]);
+    return lo;
+  }
+  // Walks forward from range r (key_offset[r] <= n) to the range holding key n: cheaper than a
+  // new search when a thread visits increasing n (the kernels' tiles).
+  KVLAB_HD int advance(int r, int n) const {
+    while (n - key_offset[r] >= ranges[r].end - ranges[r].begin) ++r;
+    return r;
+  }
+  KVLAB_HD int slot_in_range(int r, int n) const { return ranges[r].begin + (n - key_offset[r]); }
+
+  // Slot of the n-th selected key of `list` (0 <= n < count).
+  KVLAB_HD int slot_of(int list, int n) const {
+    if (all()) return n;
+    return slot_in_range(range_of(list, n), n);
   }
 };
 

@@ -37,6 +37,13 @@ TEST(KeySelection, SlotOfEnumeratesEveryRangeInOrder) {
       ASSERT_EQ(sel.count(l, 1000), static_cast<int>(expected[l].size()));
       for (size_t n = 0; n < expected[l].size(); ++n)
         ASSERT_EQ(sel.slot_of(l, static_cast<int>(n)), expected[l][n]) << "list " << l;
+      if (!expected[l].empty()) {  // walking forward from the first range finds every key
+        int r = sel.range_of(l, 0);
+        for (size_t n = 0; n < expected[l].size(); n += 1 + rng() % 3) {
+          r = sel.advance(r, static_cast<int>(n));
+          ASSERT_EQ(sel.slot_in_range(r, static_cast<int>(n)), expected[l][n]);
+        }
+      }
       for (int max_slot = -1; max_slot < 60; ++max_slot) {
         int want = 0;
         for (int s : expected[l]) want += s <= max_slot;

@@ -82,6 +82,7 @@ decode_partial_kernel(const DecodeParams<T> p, const int group, const int keys_p
 
   // Issues the copies of the selected keys [n0, n0 + kTile) into a stage.
   auto load_tile = [&](int stage, int n0) {
+    int range = -1;  // this thread's cursor in the selection's ranges
 #pragma unroll
     for (int i = 0; i < Shape::kLoadsPerThread; ++i) {
       const int c = tid + i * kThreads;
@@ -90,7 +91,11 @@ decode_partial_kernel(const DecodeParams<T> p, const int group, const int keys_p
       bool ok = n < span.end;
       size_t src = 0;
       if (ok) {
-        const int slot = p.sel.slot_of(list, n);
+        int slot = n;
+        if (!p.sel.all()) {  // rows grow with i: one search, then walk the ranges forward
+          range = range < 0 ? p.sel.range_of(list, n) : p.sel.advance(range, n);
+          slot = p.sel.slot_in_range(range, n);
+        }
         const int64_t pos = p.kv_pos != nullptr ? p.kv_pos[p.kv.slot_meta_offset(b, slot, kv_head)]
                                                 : slot;
         ok = pos >= 0 && p.mask(q_pos, pos);
@@ -314,9 +319,11 @@ DecodePlan plan_decode(int batch, int num_kv_heads, int max_keys, int num_sms) {
   }
   DecodePlan plan;
   plan.max_keys = max_keys;
-  // About 8 CTAs per multiprocessor over the launch, splits of at least 256 keys.
+  // About 32 CTAs per multiprocessor over the launch (5-6 resident at a time for bf16, d 128:
+  // several short waves keep the tail small; the merge costs < 1% of the KV bytes), splits of
+  // at least 256 keys.
   plan.keys_per_split =
-      choose_keys_per_split(max_keys, batch * num_kv_heads, 8 * num_sms, kTile, 8 * kTile);
+      choose_keys_per_split(max_keys, batch * num_kv_heads, 32 * num_sms, kTile, 8 * kTile);
   plan.num_splits = num_splits_for(max_keys, plan.keys_per_split);
   return plan;
 }

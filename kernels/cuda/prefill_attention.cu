@@ -96,7 +96,8 @@ __global__ void __launch_bounds__(kThreads) prefill_kernel(const PrefillParams<T
 
   const int head = blockIdx.y, b = blockIdx.z;
   const int row_begin = p.qo_indptr[b], n_rows = p.qo_indptr[b + 1] - row_begin;
-  const int r0 = blockIdx.x * kRows;
+  // Longest (last, under the causal mask) row tiles first, so they do not trail the launch.
+  const int r0 = (gridDim.x - 1 - blockIdx.x) * kRows;
   if (r0 >= n_rows) return;
   const int num_kv_heads = p.kv.num_kv_heads;
   const int kv_head = head / (p.num_qo_heads / num_kv_heads);
@@ -123,6 +124,7 @@ __global__ void __launch_bounds__(kThreads) prefill_kernel(const PrefillParams<T
     cp_async_16(q_s + row * Shape::kStride + col * Shape::kVec, src, ok);
   }
   auto load_tile = [&](int stage, int n0) {
+    int range = -1;  // this thread's cursor in the selection's ranges
 #pragma unroll
     for (int i = 0; i < Shape::kLoadsPerThread; ++i) {
       const int c = tid + i * kThreads;
@@ -132,7 +134,11 @@ __global__ void __launch_bounds__(kThreads) prefill_kernel(const PrefillParams<T
       int pos = -1;
       size_t src = 0;
       if (ok) {
-        const int slot = p.sel.slot_of(list, n);
+        int slot = n;
+        if (!p.sel.all()) {  // rows grow with i: one search, then walk the ranges forward
+          range = range < 0 ? p.sel.range_of(list, n) : p.sel.advance(range, n);
+          slot = p.sel.slot_in_range(range, n);
+        }
         pos = p.kv_pos != nullptr ? p.kv_pos[p.kv.slot_meta_offset(b, slot, kv_head)] : slot;
         ok = pos >= 0;
         src = p.kv.slot_offset(b, slot, kv_head) + size_t(col) * Shape::kVec;
