@@ -100,6 +100,31 @@ inline std::vector<int32_t> build_key_offsets(const std::vector<int32_t>& indptr
   return offsets;
 }
 
+// Host: a page selection in the page-table form (per list l: logical page numbers
+// pages[page_indptr[l] .. page_indptr[l + 1]), sorted and unique; the list's request holds
+// list_slots[l] slots) -> slot ranges, adjacent pages merged, the last page cut at the length.
+inline void pages_to_ranges(const std::vector<int32_t>& page_indptr,
+                            const std::vector<int32_t>& pages, int page_size,
+                            const std::vector<int32_t>& list_slots, std::vector<int32_t>& indptr,
+                            std::vector<KeyRange>& ranges) {
+  indptr.assign(1, 0);
+  ranges.clear();
+  for (size_t l = 0; l + 1 < page_indptr.size(); ++l) {
+    const size_t first = ranges.size();
+    for (int32_t i = page_indptr[l]; i < page_indptr[l + 1]; ++i) {
+      const int32_t b = pages[i] * page_size;
+      const int32_t e = b + page_size < list_slots[l] ? b + page_size : list_slots[l];
+      if (b >= e) continue;
+      if (ranges.size() > first && ranges.back().end == b) {
+        ranges.back().end = e;
+      } else {
+        ranges.push_back({b, e});
+      }
+    }
+    indptr.push_back(static_cast<int32_t>(ranges.size()));
+  }
+}
+
 // [begin, end) of the selected keys that split `split` reads; empty when past the end.
 struct KeySpan {
   int begin = 0;

@@ -56,6 +56,20 @@ TEST(KeySelection, SlotOfEnumeratesEveryRangeInOrder) {
   EXPECT_EQ(all.slot_of(0, 12), 12);
 }
 
+TEST(KeySelection, PagesToRangesMergesAndCutsTheLastPage) {
+  // List 0: pages 0, 1, 3 of a 40-slot request (page 16 -> slots [0,32) and [48,40) = cut to
+  // nothing past the length); list 1: page 2 of a 40-slot request -> [32, 40); list 2: none.
+  std::vector<int32_t> indptr;
+  std::vector<KeyRange> ranges;
+  pages_to_ranges({0, 3, 4, 4}, {0, 1, 3, 2}, 16, {40, 40, 40}, indptr, ranges);
+  ASSERT_EQ(indptr, (std::vector<int32_t>{0, 1, 2, 2}));
+  ASSERT_EQ(ranges.size(), 2u);
+  EXPECT_EQ(ranges[0].begin, 0);
+  EXPECT_EQ(ranges[0].end, 32);
+  EXPECT_EQ(ranges[1].begin, 32);
+  EXPECT_EQ(ranges[1].end, 40);
+}
+
 TEST(KeySelection, SplitsCoverEveryKeyOnce) {
   for (int count : {0, 1, 15, 16, 17, 1000}) {
     for (int per : {16, 64, 256}) {
