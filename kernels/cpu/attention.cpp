@@ -4,8 +4,10 @@
 // vectors all read the same key list (with a full selection several rows share it; an explicit
 // selection is per row), so each key tile is loaded once for all Q of them. Per tile of up to
 // kTile candidate keys (valid, and not past the item's last query position):
-//   S[q][j] = tau q_q . k_j   (-inf where position(k_j) > position(q))      -- dot8 + hsum8
-//   online-softmax update of (m_q, l_q), O_q <- alpha O_q + sum_j p_qj v_j  -- exp8, pv_accumulate
+//   S[q][j] = tau q_q . k_j   (-inf where position(k_j) > position(q))  -- dot4x2 / dot8, hsum8
+//   online-softmax update of (m_q, l_q), O_q <- alpha O_q + sum_j p_qj v_j  -- exp8, pv4 / pv
+// Queries go in register-blocked groups of 4 (the G heads of a GQA group, or rows), so a key or
+// value chunk loaded once feeds 4 FMAs; a remainder of 1-3 queries uses the one-query kernels.
 // and at the end O_q / l_q, LSE_q = m_q + log l_q. key_mass is a second pass over the same keys
 // with p = exp(S - LSE), split over KV heads so no two threads add to the same slot.
 #include <immintrin.h>
@@ -116,6 +118,59 @@ void pv_accumulate(float* o, float alpha, const float* p, const float* const* v,
       default: pv_chunk<8>(o + d, alpha, p, vj, n); break;
     }
   }
+}
+
+// Scores of 4 queries x 2 keys: out[2 i + k] = q_i . k_k (D a multiple of 8). Each loaded key
+// chunk serves 4 queries and each query chunk 2 keys: 6 loads per 8 FMAs (dot8: 9 per 8).
+inline void dot4x2(const float* q, size_t q_stride, const float* k0, const float* k1, int D,
+                   float* out) {
+  __m256 a00 = _mm256_setzero_ps(), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00,
+         a30 = a00, a31 = a00;
+  for (int d = 0; d < D; d += 8) {
+    const __m256 x0 = _mm256_loadu_ps(k0 + d), x1 = _mm256_loadu_ps(k1 + d);
+    __m256 qv = _mm256_loadu_ps(q + d);
+    a00 = _mm256_fmadd_ps(qv, x0, a00);
+    a01 = _mm256_fmadd_ps(qv, x1, a01);
+    qv = _mm256_loadu_ps(q + q_stride + d);
+    a10 = _mm256_fmadd_ps(qv, x0, a10);
+    a11 = _mm256_fmadd_ps(qv, x1, a11);
+    qv = _mm256_loadu_ps(q + 2 * q_stride + d);
+    a20 = _mm256_fmadd_ps(qv, x0, a20);
+    a21 = _mm256_fmadd_ps(qv, x1, a21);
+    qv = _mm256_loadu_ps(q + 3 * q_stride + d);
+    a30 = _mm256_fmadd_ps(qv, x0, a30);
+    a31 = _mm256_fmadd_ps(qv, x1, a31);
+  }
+  _mm256_storeu_ps(out, hsum8(a00, a01, a10, a11, a20, a21, a30, a31));
+}
+
+// For 4 queries at once: o_i[d .. d + 8 NC) = alpha_i o_i + sum_j P_i[j] v_j; each loaded value
+// chunk serves the 4 queries (NC + 4 loads per 4 NC FMAs).
+template <int NC>
+inline void pv4_chunk(float* const* o, const float* alpha, const float* const* P,
+                      const float* const* v, int n, int d) {
+  __m256 acc[4][NC];
+  for (int i = 0; i < 4; ++i) {
+    const __m256 a = _mm256_set1_ps(alpha[i]);
+    for (int c = 0; c < NC; ++c) acc[i][c] = _mm256_mul_ps(a, _mm256_loadu_ps(o[i] + d + 8 * c));
+  }
+  for (int j = 0; j < n; ++j) {
+    __m256 x[NC];
+    for (int c = 0; c < NC; ++c) x[c] = _mm256_loadu_ps(v[j] + d + 8 * c);
+    for (int i = 0; i < 4; ++i) {
+      const __m256 p = _mm256_broadcast_ss(P[i] + j);
+      for (int c = 0; c < NC; ++c) acc[i][c] = _mm256_fmadd_ps(p, x[c], acc[i][c]);
+    }
+  }
+  for (int i = 0; i < 4; ++i)
+    for (int c = 0; c < NC; ++c) _mm256_storeu_ps(o[i] + d + 8 * c, acc[i][c]);
+}
+
+void pv4_accumulate(float* const* o, const float* alpha, const float* const* P,
+                    const float* const* v, int n, int D) {
+  int d = 0;
+  for (; d + 16 <= D; d += 16) pv4_chunk<2>(o, alpha, P, v, n, d);
+  if (d < D) pv4_chunk<1>(o, alpha, P, v, n, d);
 }
 
 // ---- work items -------------------------------------------------------------------------------
@@ -288,7 +343,22 @@ void tile_scores(const ItemQueries& iq, const KeyTile& t, const Scratch& sc, flo
   int64_t tile_max_pos = INT64_MIN;
   for (int j = 0; j < t.n; ++j) tile_max_pos = std::max(tile_max_pos, t.pos[j]);
   const int n8 = (t.n + 7) / 8 * 8;
-  for (int q = 0; q < iq.n; ++q) {
+  int q = 0;
+  if (simd) {  // groups of 4 queries share every key load
+    for (; q + 4 <= iq.n; q += 4) {
+      const float* qv = sc.q.data() + static_cast<size_t>(q) * D;
+      float* rows = S + static_cast<size_t>(q) * kTile;
+      alignas(32) float r[8];
+      for (int j = 0; j < n8; j += 2) {
+        dot4x2(qv, D, kp[j], kp[j + 1], D, r);
+        for (int i = 0; i < 4; ++i) {
+          rows[i * kTile + j] = r[2 * i];
+          rows[i * kTile + j + 1] = r[2 * i + 1];
+        }
+      }
+    }
+  }
+  for (; q < iq.n; ++q) {
     const float* qv = sc.q.data() + static_cast<size_t>(q) * D;
     float* row = S + static_cast<size_t>(q) * kTile;
     if (simd) {
@@ -300,6 +370,10 @@ void tile_scores(const ItemQueries& iq, const KeyTile& t, const Scratch& sc, flo
         row[j] = acc;
       }
     }
+  }
+  // Padding and causality.
+  for (q = 0; q < iq.n; ++q) {
+    float* row = S + static_cast<size_t>(q) * kTile;
     for (int j = t.n; j < kTile; ++j) row[j] = kNegInf;
     if (tile_max_pos > iq.pos[q])
       for (int j = 0; j < t.n; ++j)
@@ -321,16 +395,15 @@ void run_item(const AttentionArgs& a, const WorkItem& it, float* lse_all) {
   while (walker.next(t)) {
     tile_scores(iq, t, sc, S, D);
     const int n8 = (t.n + 7) / 8 * 8;
+    float alpha[kMaxQ];
     for (int q = 0; q < iq.n; ++q) {
       float* row = S + static_cast<size_t>(q) * kTile;
-      float* o = sc.o.data() + static_cast<size_t>(q) * D;
-      // m' = max(m, max_j s_j); alpha = exp(m - m'); p_j = exp(s_j - m')
+      // m' = max(m, max_j s_j); alpha = exp(m - m'); p_j = exp(s_j - m') (0 where masked; a
+      // query that sees nothing in the tile gets alpha 1, or 0 while it has seen nothing).
       __m256 mx = _mm256_set1_ps(kNegInf);
       for (int j = 0; j < n8; j += 8) mx = _mm256_max_ps(mx, _mm256_loadu_ps(row + j));
-      const float tile_max = hmax(mx);
-      if (tile_max == kNegInf) continue;  // nothing visible to this query in the tile
       float shift;
-      const float alpha = softmax_rescale(st[q], tile_max, &shift);
+      alpha[q] = softmax_rescale(st[q], hmax(mx), &shift);
       __m256 lsum = _mm256_setzero_ps();
       const __m256 sh = _mm256_set1_ps(shift);
       for (int j = 0; j < n8; j += 8) {
@@ -339,12 +412,28 @@ void run_item(const AttentionArgs& a, const WorkItem& it, float* lse_all) {
         lsum = _mm256_add_ps(lsum, p);
       }
       st[q].l += hsum(lsum);
-      // O <- alpha O + sum_j p_j v_j
+    }
+    // O_q <- alpha_q O_q + sum_j p_qj v_j
+    int q = 0;
+    if (simd) {
+      for (; q + 4 <= iq.n; q += 4) {
+        float* o4[4];
+        const float* p4[4];
+        for (int i = 0; i < 4; ++i) {
+          o4[i] = sc.o.data() + static_cast<size_t>(q + i) * D;
+          p4[i] = S + static_cast<size_t>(q + i) * kTile;
+        }
+        pv4_accumulate(o4, alpha + q, p4, t.v, t.n, D);
+      }
+    }
+    for (; q < iq.n; ++q) {
+      const float* row = S + static_cast<size_t>(q) * kTile;
+      float* o = sc.o.data() + static_cast<size_t>(q) * D;
       if (simd) {
-        pv_accumulate(o, alpha, row, t.v, t.n, D);
+        pv_accumulate(o, alpha[q], row, t.v, t.n, D);
       } else {
         for (int d = 0; d < D; ++d) {
-          float acc = alpha * o[d];
+          float acc = alpha[q] * o[d];
           for (int j = 0; j < t.n; ++j) acc += row[j] * t.v[j][d];
           o[d] = acc;
         }
