@@ -6,6 +6,7 @@
 //       1 query row over a <ctx>-token cache, block size 16, cold: every iteration reads a
 //       different "layer" and the layers together exceed 256 MiB (well past the 32 MiB L3);
 //       hot:1 rows keep one small layer in L2, the kernel's compute ceiling.
+//   PrefillAttention/<rows>/<ctx>/...  a causal prefill chunk over a warm cache, GFLOP/s.
 // Counters: bytes_per_second (KV read: 2 * ctx * kv_heads * head_dim * 4 bytes per call) and
 // frac_of_mem_bw (that over the bandwidth measured above with the same thread count), and for
 // one thread frac_cpu_time (the same ratio over main-thread CPU time, steadier when the machine
@@ -152,6 +153,41 @@ void DecodeAttention(benchmark::State& state) {
   state.counters["kv_bytes_per_iter"] = static_cast<double>(kv_bytes);
 }
 
+// Prefill chunk: the last `rows` tokens of a ctx-token cache attend causally (full selection),
+// reported as GFLOP/s of the score and PV products (4 * head_dim flops per visible (row, head, key)).
+void PrefillAttention(benchmark::State& state) {
+  const int rows = static_cast<int>(state.range(0)), ctx = static_cast<int>(state.range(1));
+  const int n_heads = static_cast<int>(state.range(2)), H = static_cast<int>(state.range(3));
+  const int D = static_cast<int>(state.range(4)), threads = static_cast<int>(state.range(5));
+  DecodeCache cache(ctx, H, D, 1);
+  std::vector<float> q(static_cast<size_t>(rows) * n_heads * D), out(q.size());
+  std::mt19937 rng(2);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  for (auto& x : q) x = nd(rng);
+  std::vector<int64_t> qpos(rows);
+  double visible = 0;
+  for (int r = 0; r < rows; ++r) {
+    qpos[r] = ctx - rows + r;
+    visible += static_cast<double>(qpos[r] + 1);
+  }
+  AttentionArgs a;
+  a.q = q.data();
+  a.n_rows = rows;
+  a.n_heads = n_heads;
+  a.n_kv_heads = H;
+  a.head_dim = D;
+  a.q_positions = qpos.data();
+  a.kv = cache.layer(0);
+  a.scale = 1.f / std::sqrt(static_cast<float>(D));
+  a.out = out.data();
+  for (auto _ : state) {
+    attention(a, threads);
+    benchmark::ClobberMemory();
+  }
+  state.counters["GFLOPs"] = benchmark::Counter(
+      4.0 * D * n_heads * visible * state.iterations() / 1e9, benchmark::Counter::kIsRate);
+}
+
 }  // namespace
 }  // namespace kvlab
 
@@ -202,6 +238,11 @@ BENCHMARK(kvlab::DecodeAttention)
     // Compute ceilings: 256 KiB of KV that stays in L2.
     ->Args({256, 8, 8, 64, 1, 1})->Args({128, 32, 8, 128, 1, 1})
     ->Unit(benchmark::kMicrosecond)->UseRealTime();
+
+BENCHMARK(kvlab::PrefillAttention)
+    ->ArgNames({"rows", "ctx", "heads", "kv_heads", "head_dim", "threads"})
+    ->Args({256, 2048, 32, 8, 128, 1})->Args({256, 2048, 32, 8, 128, 2})
+    ->Unit(benchmark::kMillisecond)->UseRealTime();
 
 int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
