@@ -409,21 +409,31 @@ KvStats KvStore::stats() const {
   st.bytes_peak = static_cast<size_t>(st.blocks_peak) * block_bytes_;
   st.slots_allocated = st.blocks_in_use * bs;
   int64_t live_cells = 0;
-  if (pool_.n_shared() == 0) {
-    for (const auto& [id, s] : seqs_)
-      for (const LayerCache& lc : s->layers)
-        for (int64_t n : lc.live) live_cells += n;
-  } else {
-    // A physical cell is live if any sequence holding its block has it live.
-    const size_t cells_per_block = static_cast<size_t>(bs) * H;
-    std::vector<uint8_t> live(static_cast<size_t>(pool_.n_blocks()) * cells_per_block, 0);
-    for (const auto& [id, s] : seqs_)
-      for (const LayerCache& lc : s->layers)
-        for (int slot = 0; slot < lc.n_slots; ++slot)
-          for (int h = 0; h < H; ++h)
-            if (lc.valid[static_cast<size_t>(slot) * H + h])
-              live[lc.blocks[slot / bs] * cells_per_block + static_cast<size_t>(slot % bs) * H + h] = 1;
-    for (uint8_t x : live) live_cells += x;
+  for (const auto& [id, s] : seqs_)
+    for (const LayerCache& lc : s->layers)
+      for (int64_t n : lc.live) live_cells += n;
+  if (pool_.n_shared() > 0) {
+    // A cell of a shared block counts once: live if any sequence holding the block has it
+    // live. Only the shared blocks' cells are rescanned.
+    std::unordered_map<int32_t, std::vector<uint8_t>> shared_live;  // block -> [bs * H]
+    for (const auto& [id, s] : seqs_) {
+      for (const LayerCache& lc : s->layers) {
+        const int used = static_cast<int>(ceil_div(lc.n_slots, bs));
+        for (int b = 0; b < used; ++b) {
+          if (pool_.ref_count(lc.blocks[b]) < 2) continue;
+          std::vector<uint8_t>& cells = shared_live[lc.blocks[b]];
+          cells.resize(static_cast<size_t>(bs) * H, 0);
+          for (int slot = b * bs; slot < std::min(lc.n_slots, (b + 1) * bs); ++slot)
+            for (int h = 0; h < H; ++h)
+              if (lc.valid[static_cast<size_t>(slot) * H + h]) {
+                --live_cells;
+                cells[static_cast<size_t>(slot % bs) * H + h] = 1;
+              }
+        }
+      }
+    }
+    for (const auto& [block, cells] : shared_live)
+      for (uint8_t x : cells) live_cells += x;
   }
   st.slots_valid = live_cells / H;
   const int64_t alloc_cells = st.slots_allocated * H;

@@ -100,7 +100,7 @@ class KvStore {
   // hole or a duplicate throws Error (before anything changes). Frees empty blocks, compacts.
   void evict(SeqId seq, int layer, const Evictions& evictions);
 
-  KvStats stats() const;  // O(blocks) without sharing, O(cells) with shared blocks
+  KvStats stats() const;  // O(sequences x layers), plus the cells of shared blocks
   int64_t resident_tokens(SeqId seq, int layer, int kv_head) const;
   int n_slots(SeqId seq, int layer) const;
   int64_t sequence_blocks(SeqId seq) const;  // block-table entries over all layers (incl. reserved)

@@ -179,6 +179,20 @@ TEST(KvStore, ForkSharesPrefixAndCopiesOnWrite) {
   // (41..56: 16 + 9).
   const KvStats st = store.stats();
   EXPECT_EQ(st.slots_valid, 2 * (32 + 10 + 25));
+  // A cell of a shared block stays live while either sequence holds it.
+  Evictions ev;
+  ev.clear(2);
+  ev.evict_all_heads(0);
+  store.evict(child, 0, ev);
+  cm[0][0].erase(cm[0][0].begin());
+  cm[0][1].erase(cm[0][1].begin());
+  EXPECT_EQ(store.stats().slots_valid, 2 * (32 + 10 + 25));
+  store.evict(parent, 0, ev);
+  pm[0][0].erase(pm[0][0].begin());
+  pm[0][1].erase(pm[0][1].begin());
+  EXPECT_EQ(store.stats().slots_valid, 2 * (32 + 10 + 25) - 1);
+  expect_matches(store, parent, pm);
+  expect_matches(store, child, cm);
   store.free_sequence(parent);
   expect_matches(store, child, cm);
   store.free_sequence(child);
