@@ -16,7 +16,8 @@
 // loading each key once for all query vectors that share it (the G heads of a group, and with a
 // full selection several rows), with AVX2+FMA dot products and exp. Its output does not depend on
 // the tile size beyond float rounding. key_mass takes a second pass (it needs the final LSE).
-// Threads split work items (block of rows, KV head); the key_mass pass splits over KV heads.
+// Threads (OpenMP, the engine's team) split work items (block of rows, KV head); the key_mass
+// pass splits over KV heads. Results are bitwise independent of n_threads.
 //
 // Contract: selection ranges lie in [0, n_slots) (std::invalid_argument otherwise); selection
 // n_rows / n_kv_heads must match. The kernels are pure functions of their arguments.
