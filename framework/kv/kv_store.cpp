@@ -16,6 +16,7 @@ struct KvStore::LayerCache {
   std::vector<uint8_t> valid;      // [n_slots, n_kv_heads]
   std::vector<int64_t> live;       // [n_kv_heads] live slots per head
   int64_t version = 0;
+  bool rescan_blocks = false;      // holes were made under pending slots: check every block
   int32_t indptr[2] = {0, 0};      // view fields, refreshed after every change
   int32_t last_page_len = 0;
   std::unique_ptr<CacheView> view;
@@ -291,6 +292,18 @@ void KvStore::evict(SeqId seq, int layer, const Evictions& ev) {
       touched.push_back(s / bs);
     }
   }
+  if (lc.pending > 0) {
+    // Reserved slots not yet appended: keep every slot where it is (the reservation may rely on
+    // the blocks), only mark holes; the next eviction without pending slots scans every block.
+    lc.rescan_blocks = true;
+    refresh_view(lc);
+    return;
+  }
+  if (lc.rescan_blocks) {
+    touched.resize(ceil_div(lc.n_slots, bs));
+    for (size_t b = 0; b < touched.size(); ++b) touched[b] = static_cast<int32_t>(b);
+    lc.rescan_blocks = false;
+  }
   remove_empty_blocks(lc, touched);
   maybe_compact(lc);
   trim_trailing_blocks(lc);
@@ -313,8 +326,8 @@ void KvStore::remove_empty_blocks(LayerCache& lc, std::vector<int32_t>& touched)
     lc.positions.erase(lc.positions.begin() + static_cast<ptrdiff_t>(first) * H,
                        lc.positions.begin() + static_cast<ptrdiff_t>(last) * H);
     if (last == lc.n_slots) {
-      // The last used block: keep it as (now empty) reserved room; trim_trailing_blocks frees it
-      // unless pending appends need it.
+      // The last used block (possibly partly filled): left in the table past n_slots, where
+      // trim_trailing_blocks returns it to the pool (nothing is pending here).
       lc.n_slots = first;
     } else {
       pool_.release(lc.blocks[b]);
@@ -328,7 +341,7 @@ void KvStore::remove_empty_blocks(LayerCache& lc, std::vector<int32_t>& touched)
 
 void KvStore::maybe_compact(LayerCache& lc) {
   const int H = config_.n_kv_heads, bs = config_.block_size_tokens, D = config_.head_dim;
-  if (lc.pending != 0 || lc.n_slots == 0) return;  // never move slots under pending appends
+  if (lc.n_slots == 0) return;
   const int64_t max_live = *std::max_element(lc.live.begin(), lc.live.end());
   const int64_t removable = lc.n_slots - max_live;
   const int64_t threshold = std::max<int64_t>(bs, lc.n_slots / 50);

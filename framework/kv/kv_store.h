@@ -25,7 +25,9 @@
 // max(block_size, 2% of n_slots), the layer is compacted: per KV head the live slots move down
 // in order, n_slots becomes the largest per-head live count, trailing blocks are freed. Cost is
 // amortised O(1) row copies per evicted token. Every renumbering bumps layout_version(), so a
-// policy holding slot indices across steps knows to re-read slot_position().
+// policy holding slot indices across steps knows to re-read slot_position(). An eviction in a
+// layer that still has reserved-but-unwritten slots only marks holes; blocks are freed and
+// compacted by the layer's next eviction without pending slots.
 //
 // Running out of blocks is a value (AllocStatus::kOutOfBlocks from reserve(), all-or-nothing),
 // never a crash; misuse (unknown sequence, append without reserve, evicting a hole) throws

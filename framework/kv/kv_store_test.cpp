@@ -316,9 +316,9 @@ TEST(KvStore, PerHeadEvictionAndCompactionKeepDataExact) {
   }
 }
 
-TEST(KvStore, EvictingTheLastBlockUnderAPendingReservationKeepsRoom) {
-  // reserve(8) with 4 slots written: the 2nd block holds slot 4 plus reserved room. Evicting
-  // slot 4 empties the last used block; the pending appends must still fit without allocating.
+TEST(KvStore, EvictionUnderAPendingReservationDefersBlockRelease) {
+  // reserve(8) with 5 slots written: evicting slot 4 (alone in the 2nd block) must not take the
+  // reserved room away from the pending appends; blocks are released by a later eviction.
   Fixture f(1, 2, 8, 4, 4);
   KvStore store(f.cfg);
   const SeqId s = store.create_sequence();
@@ -330,14 +330,23 @@ TEST(KvStore, EvictingTheLastBlockUnderAPendingReservationKeepsRoom) {
   ev.evict_all_heads(4);
   store.evict(s, 0, ev);
   for (auto& head : model[0]) head.pop_back();
-  EXPECT_EQ(store.n_slots(s, 0), 4);
-  EXPECT_EQ(store.sequence_blocks(s), 2);  // the emptied block is kept for the pending slots
+  EXPECT_EQ(store.n_slots(s, 0), 5);  // a hole, nothing moved
+  EXPECT_EQ(store.sequence_blocks(s), 2);
   for (int t = 5; t < 8; ++t) f.append(store, s, t, model);
   expect_matches(store, s, model);
   EXPECT_EQ(store.free_blocks(), 2);
-  // Evicting everything returns every block once nothing is pending.
+  // Evicting slots 0-3 (the whole first block) now frees it: with the deferred rescan.
   ev.clear(2);
-  for (int slot = 0; slot < store.n_slots(s, 0); ++slot) ev.evict_all_heads(slot);
+  for (int slot = 0; slot < 4; ++slot) ev.evict_all_heads(slot);
+  store.evict(s, 0, ev);
+  for (auto& head : model[0]) head.erase(head.begin(), head.begin() + 4);
+  EXPECT_EQ(store.n_slots(s, 0), 4);
+  EXPECT_EQ(store.free_blocks(), 3);
+  expect_matches(store, s, model);
+  // Evicting everything returns every block.
+  ev.clear(2);
+  for (int slot = 0; slot < store.n_slots(s, 0); ++slot)
+    if (store.cache_view(s, 0).slot_valid(slot, 0)) ev.evict_all_heads(slot);
   store.evict(s, 0, ev);
   EXPECT_EQ(store.n_slots(s, 0), 0);
   EXPECT_EQ(store.free_blocks(), 4);
