@@ -15,6 +15,8 @@ namespace kvlab::cli {
 // Add yours here and a row to kCommands below.
 int run_policies(const std::vector<std::string>& args);
 int run_tokenize(const std::vector<std::string>& args);
+int run_generate(const std::vector<std::string>& args);
+int run_perplexity(const std::vector<std::string>& args);
 }  // namespace kvlab::cli
 
 namespace {
@@ -25,6 +27,8 @@ constexpr Command kCommands[] = {
     // {"name", "summary", &kvlab::cli::run_name},
     {"policies", "list the attention policies (and --plugin ones) with their parameters", &kvlab::cli::run_policies},
     {"tokenize", "encode stdin with a tokenizer and print the ids (or pieces)", &kvlab::cli::run_tokenize},
+    {"generate", "stream a continuation of a prompt (sampling, --policy)", &kvlab::cli::run_generate},
+    {"perplexity", "perplexity of a text file by the llama.cpp protocol (windows of --ctx)", &kvlab::cli::run_perplexity},
 };
 
 void print_usage(std::FILE* out) {

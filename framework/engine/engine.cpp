@@ -30,15 +30,12 @@ namespace {
 Matrix as_matrix(const WeightView& w) { return Matrix{w.dtype, w.rows, w.cols, w.data}; }
 
 RopeConfig rope_config(const ModelConfig& c) {
-  if (!c.rope_freq_factors.empty())
-    fail("model ", c.arch, ": per-pair RoPE frequency factors (GGUF rope_freqs.weight) are not "
-         "supported by the CPU RoPE kernel yet");
   RopeConfig r;
   r.layout = c.rope_style == RopeStyle::kNeox ? RopeLayout::kNeox : RopeLayout::kInterleaved;
   r.head_dim = c.head_dim;
   r.theta = c.rope_theta;
   const std::string& t = c.rope_scaling.type;
-  if (t == "none") r.scaling = RopeScalingKind::kNone;
+  if (t == "none" || !c.rope_freq_factors.empty()) r.scaling = RopeScalingKind::kNone;
   else if (t == "linear") r.scaling = RopeScalingKind::kLinear;
   else if (t == "llama3") r.scaling = RopeScalingKind::kLlama3;
   else fail("model ", c.arch, ": unknown rope scaling '", t, "'");
@@ -53,6 +50,57 @@ RopeConfig rope_config(const ModelConfig& c) {
 constexpr int64_t kMaxRopeTablePositions = 32768;
 
 }  // namespace
+
+// RoPE at insertion: the kernels' inverse frequencies (rope_inv_freq: none / linear / llama3),
+// divided by the model's per-pair factors when it has them (GGUF rope_freqs.weight, which the
+// kernels' RopeTable does not take); angle = pos * inv_freq in double, cos/sin stored as float
+// (without factors: the same values as RopeTable). Tabled for the usual contexts, computed past.
+class Engine::Rope {
+ public:
+  Rope(const ModelConfig& c, int64_t n_positions)
+      : layout_(c.rope_style == RopeStyle::kNeox ? RopeLayout::kNeox : RopeLayout::kInterleaved),
+        head_dim_(c.head_dim), inv_freq_(rope_inv_freq(rope_config(c))), n_positions_(n_positions) {
+    if (!c.rope_freq_factors.empty()) {
+      if (static_cast<int>(c.rope_freq_factors.size()) != c.head_dim / 2)
+        fail("model: ", c.rope_freq_factors.size(), " RoPE frequency factors, expected head_dim/2 = ", c.head_dim / 2);
+      for (size_t i = 0; i < inv_freq_.size(); ++i) inv_freq_[i] /= c.rope_freq_factors[i];
+    }
+    const int half = head_dim_ / 2;
+    cos_.resize(static_cast<size_t>(n_positions_) * half);
+    sin_.resize(cos_.size());
+    for (int64_t p = 0; p < n_positions_; ++p) angles(p, &cos_[p * half], &sin_[p * half]);
+  }
+  // Rotates x[n_heads, head_dim] in place to position pos.
+  void apply(float* x, int n_heads, int64_t pos) const {
+    const int half = head_dim_ / 2;
+    const float *co, *si;
+    float cbuf[512], sbuf[512];
+    if (pos >= 0 && pos < n_positions_) {
+      co = &cos_[pos * half];
+      si = &sin_[pos * half];
+    } else {
+      KVLAB_CHECK(half <= 512, "head_dim above 1024");
+      angles(pos, cbuf, sbuf);
+      co = cbuf;
+      si = sbuf;
+    }
+    for (int h = 0; h < n_heads; ++h) rope_rotate_head(x + static_cast<size_t>(h) * head_dim_, head_dim_, layout_, co, si);
+  }
+
+ private:
+  void angles(int64_t pos, float* co, float* si) const {
+    for (size_t i = 0; i < inv_freq_.size(); ++i) {
+      const double a = static_cast<double>(pos) * inv_freq_[i];
+      co[i] = static_cast<float>(std::cos(a));
+      si[i] = static_cast<float>(std::sin(a));
+    }
+  }
+  RopeLayout layout_;
+  int head_dim_;
+  std::vector<double> inv_freq_;
+  int64_t n_positions_;
+  std::vector<float> cos_, sin_;
+};
 
 // Dense attention of one probed layer over every token the sequence has seen (evicted ones
 // included): rows kept here only when probing.
@@ -135,7 +183,11 @@ Engine::Engine(const Model& model, const EngineOptions& opts)
       static_cast<size_t>(c.n_layers) * ((c.max_seq_len + opts.block_size_tokens - 1) / opts.block_size_tokens);
   kc.budget_bytes = opts.kv_budget_bytes ? opts.kv_budget_bytes : blocks_per_seq * opts.max_batch * block_bytes;
   store_ = std::make_unique<KvStore>(kc);
-  rope_ = RopeTable(rope_config(c), std::min<int64_t>(c.max_seq_len, kMaxRopeTablePositions));
+  const int64_t table_positions = std::min<int64_t>(c.max_seq_len, kMaxRopeTablePositions);
+  rope_ = std::make_unique<Rope>(c, table_positions);
+  // rope-at-read (attention kernels) for policies with rope_at_cache_position; the kernels'
+  // table cannot take per-pair frequency factors, so such models refuse those policies
+  if (c.rope_freq_factors.empty()) cache_rope_ = RopeTable(rope_config(c), table_positions);
 }
 
 Engine::~Engine() = default;
@@ -152,6 +204,9 @@ const Engine::Sequence& Engine::seq_at(SeqId seq) const {
 }
 
 SeqId Engine::start_sequence(std::unique_ptr<AttentionPolicy> policy) {
+  if (policy && policy->needs().rope_at_cache_position && !config().rope_freq_factors.empty())
+    fail("engine: this model's RoPE has per-pair frequency factors (GGUF rope_freqs.weight), "
+         "which rope-at-cache-position policies cannot use yet (kernels/cpu/rope.h)");
   auto s = std::make_unique<Sequence>();
   s->id = store_->create_sequence();
   if (policy) s->needs = policy->needs();
@@ -176,6 +231,8 @@ SeqId Engine::fork(SeqId seq, std::unique_ptr<AttentionPolicy> child_policy) {
   auto s = std::make_unique<Sequence>();
   s->id = store_->fork(seq);
   if (child_policy) s->needs = child_policy->needs();
+  if (child_policy && child_policy->needs().rope_at_cache_position && !config().rope_freq_factors.empty())
+    fail("engine: rope-at-cache-position policies need a model without RoPE frequency factors");
   if (child_policy && parent.policy &&
       child_policy->needs().rope_at_cache_position != parent.needs.rope_at_cache_position)
     fail("engine: fork: the child's policy stores keys differently (rope_at_cache_position)");
@@ -371,7 +428,7 @@ void Engine::attend(Group& g, int layer, float* q_rot, float* out) {
   const bool probing = s.probing_step && probe_layer_here;
   if (probing) {  // the dense reference uses original positions: rotate a copy at the text position
     sc.q_probe.assign(q_rot, q_rot + qd);
-    apply_rope(sc.q_probe.data(), nh, hd, g.positions[0], rope_);
+    rope_->apply(sc.q_probe.data(), nh, g.positions[0]);
   }
   if (cache_pos) {
     // query of row r, head h: rotated to (live tokens of its KV head before this call) + r
@@ -379,11 +436,11 @@ void Engine::attend(Group& g, int layer, float* q_rot, float* out) {
     for (int kh = 0; kh < nkv; ++kh) sc.resident_before[kh] = store_->resident_tokens(s.id, layer, kh);
     for (int r = 0; r < g.n_rows; ++r)
       for (int hq = 0; hq < nh; ++hq)
-        rope_.rotate(q_rot + static_cast<size_t>(r) * qd + hq * hd, sc.resident_before[hq / group] + r);
+        cache_rope_.rotate(q_rot + static_cast<size_t>(r) * qd + hq * hd, sc.resident_before[hq / group] + r);
   } else {
     for (int r = 0; r < g.n_rows; ++r) {
-      apply_rope(q_rot + static_cast<size_t>(r) * qd, nh, hd, g.positions[r], rope_);
-      apply_rope(k + static_cast<size_t>(r) * kvd, nkv, hd, g.positions[r], rope_);
+      rope_->apply(q_rot + static_cast<size_t>(r) * qd, nh, g.positions[r]);
+      rope_->apply(k + static_cast<size_t>(r) * kvd, nkv, g.positions[r]);
     }
   }
   for (int r = 0; r < g.n_rows; ++r)
@@ -422,7 +479,7 @@ void Engine::attend(Group& g, int layer, float* q_rot, float* out) {
     sc.key_rope_pos.resize(static_cast<size_t>(kv.n_slots) * nkv);
     cache_rank_positions(kv, sc.key_rope_pos.data());
     a.key_rope_pos = sc.key_rope_pos.data();
-    a.rope = &rope_;
+    a.rope = &cache_rope_;
   }
   if (s.needs.key_attention_mass) {
     sc.key_mass.assign(static_cast<size_t>(nkv) * kv.n_slots, 0.f);
@@ -496,7 +553,7 @@ void Engine::probe_layer(Group& g, int layer, const float* q, const KeySelection
     double m = -INFINITY;
     for (int64_t j = 0; j < n_seen; ++j) {
       std::memcpy(key.data(), sh.k.data() + static_cast<size_t>(j) * kvd + kh * hd, hd * sizeof(float));
-      if (cache_pos) rope_.rotate(key.data(), sh.positions[j]);
+      if (cache_pos) rope_->apply(key.data(), 1, sh.positions[j]);
       double dot = 0;
       for (int d = 0; d < hd; ++d) dot += static_cast<double>(qh[d]) * key[d];
       p[j] = dot * scale;

@@ -111,6 +111,7 @@ class Engine {
   struct Sequence;
   struct Group;  // rows of one forward call that belong to one sequence
   struct Scratch;
+  class Rope;
 
   Sequence& seq_at(SeqId seq);
   const Sequence& seq_at(SeqId seq) const;
@@ -128,7 +129,8 @@ class Engine {
   EngineOptions opts_;
   ThreadPool pool_;
   std::unique_ptr<KvStore> store_;
-  RopeTable rope_;
+  std::unique_ptr<Rope> rope_;  // RoPE at insertion (and of queries)
+  RopeTable cache_rope_;        // rope-at-read for rope_at_cache_position policies
   std::unordered_map<SeqId, std::unique_ptr<Sequence>> seqs_;
   std::unique_ptr<Scratch> scratch_;
 };

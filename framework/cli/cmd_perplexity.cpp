@@ -1,0 +1,142 @@
+// kvlab perplexity --model PATH --text FILE --ctx N: perplexity by the llama.cpp protocol
+// (POLICIES.md section 8, evals/perplexity.h "chunked"): the whole file is tokenized with BOS,
+// cut into non-overlapping windows of N tokens (the text must hold at least 2N), each window's
+// first token replaced by BOS and fed to a fresh sequence in one prefill with all logits, and
+// only the second half of each window scored (positions N/2+1 .. N-1). Prints
+// PPL = exp(mean NLL) with its standard error (delta method, as llama.cpp).
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "evals/lm.h"
+#include "evals/perplexity.h"
+#include "framework/cli/options.h"
+#include "framework/core/error.h"
+#include "framework/engine/engine.h"
+#include "framework/model/model.h"
+#include "framework/policy/cli_policy.h"
+#include "framework/tokenizer/tokenizer.h"
+#include "policies/builtin.h"
+
+namespace kvlab::cli {
+
+namespace {
+
+// The engine as the evals see it: one fresh sequence (and policy) per window.
+class EngineLanguageModel : public LanguageModel {
+ public:
+  EngineLanguageModel(Engine& engine, PolicyMaker make_policy)
+      : engine_(engine), make_policy_(std::move(make_policy)) {}
+  int32_t vocab_size() const override { return engine_.config().vocab_size; }
+  std::unique_ptr<LmSequence> start() override {
+    return std::make_unique<Seq>(engine_, engine_.start_sequence(make_policy_()));
+  }
+
+ private:
+  class Seq : public LmSequence {
+   public:
+    Seq(Engine& e, SeqId id) : e_(e), id_(id) {}
+    ~Seq() override { e_.end_sequence(id_); }
+    const std::vector<float>& prefill(std::span<const int32_t> tokens, bool all_logits) override {
+      check(e_.prefill(id_, tokens, logits_, all_logits));
+      return logits_;
+    }
+    const std::vector<float>& decode(int32_t token) override {
+      check(e_.decode(std::span(&id_, 1), std::span(&token, 1), logits_));
+      return logits_;
+    }
+
+   private:
+    void check(StepStatus s) {
+      if (s != StepStatus::kOk) fail("the engine refused a step: ", step_status_name(s), " after ", e_.n_tokens(id_), " tokens");
+    }
+    Engine& e_;
+    SeqId id_;
+    std::vector<float> logits_;
+  };
+  Engine& engine_;
+  PolicyMaker make_policy_;
+};
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail(path, ": cannot open the text file");
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+}  // namespace
+
+int run_perplexity(const std::vector<std::string>& args) {
+  po::options_description desc("options");
+  desc.add_options()
+      ("model,m", po::value<std::string>()->required(), "*.gguf | Hugging Face directory | llama2.c *.bin")
+      ("text", po::value<std::string>()->required(), "UTF-8 text file to score")
+      ("ctx", po::value<int>()->default_value(512), "window length N in tokens (the text needs >= 2N)")
+      ("max-windows", po::value<int>()->default_value(0), "score at most this many windows; 0 = all")
+      ("threads", po::value<int>()->default_value(0), "threads; 0 = all cores")
+      ("tokenizer,t", po::value<std::string>(), "tokenizer file to use instead of the model's own")
+      ("weight-dtype", po::value<std::string>()->default_value("keep"),
+       "convert weights on load: keep | f32 | f16 | bf16 | q8_0");
+  add_policy_options(desc);
+  po::positional_options_description pos;
+  po::variables_map vm;
+  if (!parse_options(args, "kvlab perplexity --model PATH --text FILE --ctx N [options]", desc, pos, vm))
+    return 0;
+  const int n_ctx = vm["ctx"].as<int>();
+  if (n_ctx < 4) fail("--ctx must be >= 4, got ", n_ctx);
+  const int max_windows = vm["max-windows"].as<int>();
+  const std::string text_path = vm["text"].as<std::string>();
+  const std::string text = read_file(text_path);
+
+  LoadOptions lo;
+  lo.weight_dtype = vm["weight-dtype"].as<std::string>();
+  lo.require_tokenizer = true;
+  if (vm.count("tokenizer")) lo.tokenizer_path = vm["tokenizer"].as<std::string>();
+  const std::unique_ptr<Model> model = load_model(vm["model"].as<std::string>(), lo);
+  const ModelConfig& c = model->config;
+  if (n_ctx > c.max_seq_len)
+    fail("--ctx ", n_ctx, " is longer than the model's context of ", c.max_seq_len, " tokens");
+  const Tokenizer& tok = model->require_tokenizer();
+  if (tok.bos_id() < 0) fail("the tokenizer has no BOS token, which the llama.cpp protocol needs");
+
+  EncodeOptions eo;
+  eo.add_bos = true;
+  std::vector<int32_t> tokens = tok.encode(text, eo);
+  const size_t windows = tokens.size() / static_cast<size_t>(n_ctx);
+  if (windows < 2)
+    fail(text_path, ": ", tokens.size(), " tokens; --ctx ", n_ctx, " needs at least ", 2 * n_ctx);
+  if (max_windows > 0 && windows > static_cast<size_t>(max_windows))
+    tokens.resize(static_cast<size_t>(std::max(max_windows, 2)) * n_ctx);
+
+  PolicyRegistry registry = make_builtin_registry();
+  PolicyMaker maker = make_policy_maker_from_options(vm, registry, policy_shape(c));
+  EngineOptions opts;
+  opts.threads = vm["threads"].as<int>();
+  opts.prefill_chunk_tokens = std::max(opts.prefill_chunk_tokens, 1);
+  Engine engine(*model, opts);
+  EngineLanguageModel lm(engine, std::move(maker));
+
+  PerplexityOptions po_;
+  po_.protocol = PplProtocol::kChunked;
+  po_.n_ctx = n_ctx;
+  const auto t0 = std::chrono::steady_clock::now();
+  po_.on_progress = [&](int64_t fed) {
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::fprintf(stderr, "\r[%lld / %zu tokens, %.0f tok/s]", static_cast<long long>(fed), tokens.size(),
+                 fed / std::max(s, 1e-9));
+  };
+  const PerplexityResult r = evaluate_perplexity(lm, tokens, tok.bos_id(), po_);
+  std::fprintf(stderr, "\n");
+  std::printf("PPL = %.4f +/- %.4f  (%zu scored tokens in %zu windows of %d, text %s, %zu tokens with BOS, "
+              "tokenizer %s)\n",
+              r.ppl, r.ppl_stderr, r.nll.size(), tokens.size() / static_cast<size_t>(n_ctx), n_ctx,
+              text_path.c_str(), tokens.size(), tok.kind().c_str());
+  return 0;
+}
+
+}  // namespace kvlab::cli

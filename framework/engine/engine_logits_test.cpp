@@ -1,0 +1,197 @@
+// Golden logits on the tiny fixture models (CTest fixture tiny_models, written by
+// scripts/fixtures/make_fixtures.py): for every config,
+//   - the engine on the Hugging Face F32 files agrees with the independent numpy float64
+//     reference (tests/reference/llama_ref.py) to max |diff| <= 1e-4, and so does the HF BF16
+//     copy with the reference run on the same BF16 files;
+//   - the same weights in other files give the same logits: sharded HF = HF and llama2.c = GGUF
+//     bit for bit; GGUF/llama2.c (Q/K permuted for interleaved RoPE) vs HF (rotate-half) within
+//     1e-4 (the permuted head features only reorder float sums);
+//   - GGUF F16 / Q8_0 files give the same logits as the HF F32 model converted to F16 / Q8_0 on
+//     load (the same stored values);
+//   - token-by-token decode gives the prefill logits.
+// Skips (naming the directory) when the fixtures are absent, e.g. the binary run by hand
+// before `ctest -R make_tiny_models`.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "framework/engine/engine.h"
+#include "framework/model/model.h"
+
+namespace kvlab {
+namespace {
+
+namespace fs = std::filesystem;
+
+fs::path fixtures_root() {
+  if (const char* b = std::getenv("KVLAB_BINARY_DIR")) return fs::path(b) / "fixtures";
+  return fs::path(KVLAB_BINARY_DIR) / "fixtures";
+}
+fs::path source_root() {
+  if (const char* s = std::getenv("KVLAB_SOURCE_DIR")) return s;
+  return KVLAB_SOURCE_DIR;
+}
+
+struct Fixture {
+  fs::path dir;
+  nlohmann::json meta;
+  std::vector<std::vector<int32_t>> sequences;
+};
+
+std::vector<Fixture> load_fixtures() {
+  std::vector<Fixture> out;
+  const fs::path root = fixtures_root();
+  if (!fs::exists(root)) return out;
+  for (const auto& entry : fs::directory_iterator(root)) {
+    const fs::path meta = entry.path() / "fixture.json";
+    if (!fs::exists(meta)) continue;
+    Fixture f;
+    f.dir = entry.path();
+    f.meta = nlohmann::json::parse(std::ifstream(meta));
+    const auto tokens = nlohmann::json::parse(std::ifstream(entry.path() / "tokens.json"));
+    for (const auto& seq : tokens["sequences"]) f.sequences.push_back(seq.get<std::vector<int32_t>>());
+    out.push_back(std::move(f));
+  }
+  std::sort(out.begin(), out.end(), [](const Fixture& a, const Fixture& b) { return a.dir < b.dir; });
+  return out;
+}
+
+std::unique_ptr<Model> load(const fs::path& path, const std::string& dtype = "keep") {
+  LoadOptions o;
+  o.load_tokenizer = false;
+  o.weight_dtype = dtype;
+  return load_model(path, o);
+}
+
+// Prefill logits [n, vocab] of one sequence.
+std::vector<float> engine_logits(const Model& m, const std::vector<int32_t>& tokens) {
+  EngineOptions o;
+  o.threads = 1;
+  o.block_size_tokens = 16;
+  Engine e(m, o);
+  std::vector<float> lg;
+  EXPECT_EQ(e.prefill(e.start_sequence(), tokens, lg, true), StepStatus::kOk);
+  return lg;
+}
+
+// Logits [n, vocab] from the numpy reference on a HF directory.
+std::vector<float> reference_logits(const fs::path& hf_dir, const std::vector<int32_t>& tokens, int vocab) {
+  std::string ids;
+  for (size_t i = 0; i < tokens.size(); ++i) ids += (i ? "," : "") + std::to_string(tokens[i]);
+  const fs::path out = fs::temp_directory_path() / ("kvlab_ref_" + std::to_string(::getpid()) + ".f32");
+  const std::string cmd = "/usr/bin/python3 '" + (source_root() / "tests/reference/llama_ref.py").string() +
+                          "' --model '" + hf_dir.string() + "' --tokens " + ids + " --out '" + out.string() + "'";
+  if (std::system(cmd.c_str()) != 0) {
+    ADD_FAILURE() << "reference failed: " << cmd;
+    return {};
+  }
+  std::vector<float> lg(tokens.size() * static_cast<size_t>(vocab));
+  std::ifstream in(out, std::ios::binary);
+  in.read(reinterpret_cast<char*>(lg.data()), static_cast<std::streamsize>(lg.size() * sizeof(float)));
+  EXPECT_EQ(in.gcount(), static_cast<std::streamsize>(lg.size() * sizeof(float))) << out;
+  fs::remove(out);
+  return lg;
+}
+
+float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  if (a.size() != b.size()) return INFINITY;
+  float m = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (std::isnan(a[i]) || std::isnan(b[i])) return INFINITY;
+    m = std::max(m, std::fabs(a[i] - b[i]));
+  }
+  return m;
+}
+
+class FixtureLogits : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    fixtures_ = load_fixtures();
+    if (fixtures_.empty())
+      GTEST_SKIP() << "needs the tiny_models fixtures in " << fixtures_root() << ": absent (run ctest)";
+  }
+  std::vector<Fixture> fixtures_;
+};
+
+TEST_F(FixtureLogits, HfMatchesTheNumpyReference) {
+  for (const Fixture& f : fixtures_) {
+    const auto& files = f.meta["files"];
+    const auto hf = load(f.dir / files["hf"].get<std::string>());
+    const int V = hf->config.vocab_size;
+    for (const auto& seq : f.sequences) {
+      SCOPED_TRACE(f.dir.filename().string() + ", " + std::to_string(seq.size()) + " tokens");
+      EXPECT_LE(max_abs_diff(engine_logits(*hf, seq), reference_logits(f.dir / files["hf"].get<std::string>(), seq, V)), 1e-4f);
+    }
+    if (files.contains("hf_bf16")) {
+      const fs::path dir = f.dir / files["hf_bf16"].get<std::string>();
+      const auto bf = load(dir);
+      const auto& seq = f.sequences.back();
+      SCOPED_TRACE(f.dir.filename().string() + " bf16");
+      EXPECT_LE(max_abs_diff(engine_logits(*bf, seq), reference_logits(dir, seq, V)), 1e-4f);
+    }
+  }
+}
+
+TEST_F(FixtureLogits, EveryFormatGivesTheSameLogits) {
+  for (const Fixture& f : fixtures_) {
+    const auto& files = f.meta["files"];
+    const auto hf = load(f.dir / files["hf"].get<std::string>());
+    const auto& seq = f.sequences.back();
+    const auto want = engine_logits(*hf, seq);
+    // HF (rotate-half) vs sharded HF: the same computation, bit for bit.
+    if (files.contains("hf_sharded")) {
+      SCOPED_TRACE(f.dir.filename().string() + " hf_sharded");
+      EXPECT_EQ(max_abs_diff(engine_logits(*load(f.dir / files["hf_sharded"].get<std::string>()), seq), want), 0.f);
+    }
+    // GGUF vs llama2.c: both store Q/K for interleaved RoPE, so also bit for bit; against HF the
+    // head features are permuted, which only reorders float sums (measured ~1e-5).
+    std::vector<float> gguf;
+    if (files.contains("gguf")) {
+      SCOPED_TRACE(f.dir.filename().string() + " gguf");
+      gguf = engine_logits(*load(f.dir / files["gguf"].get<std::string>()), seq);
+      EXPECT_LE(max_abs_diff(gguf, want), 1e-4f);
+    }
+    if (files.contains("llama2c")) {
+      SCOPED_TRACE(f.dir.filename().string() + " llama2c");
+      const auto l2c = engine_logits(*load(f.dir / files["llama2c"].get<std::string>()), seq);
+      EXPECT_LE(max_abs_diff(l2c, want), 1e-4f);
+      if (!gguf.empty()) EXPECT_EQ(max_abs_diff(l2c, gguf), 0.f);
+    }
+    for (auto [key, dtype] : {std::pair{"gguf_f16", "f16"}, std::pair{"gguf_q8_0", "q8_0"}}) {
+      if (!files.contains(key)) continue;
+      SCOPED_TRACE(f.dir.filename().string() + " " + key);
+      const auto stored = load(f.dir / files[key].get<std::string>());
+      const auto converted = load(f.dir / files["hf"].get<std::string>(), dtype);
+      EXPECT_LE(max_abs_diff(engine_logits(*stored, seq), engine_logits(*converted, seq)), 1e-4f);
+    }
+  }
+}
+
+TEST_F(FixtureLogits, DecodeMatchesPrefill) {
+  for (const Fixture& f : fixtures_) {
+    const auto m = load(f.dir / f.meta["files"]["gguf"].get<std::string>());
+    const auto& seq = f.sequences.back();
+    const auto want = engine_logits(*m, seq);
+    EngineOptions o;
+    o.threads = 1;
+    o.block_size_tokens = 7;
+    Engine e(*m, o);
+    SeqId s = e.start_sequence();
+    std::vector<float> all, lg;
+    for (int32_t t : seq) {
+      ASSERT_EQ(e.decode(std::span(&s, 1), std::span(&t, 1), lg), StepStatus::kOk);
+      all.insert(all.end(), lg.begin(), lg.end());
+    }
+    SCOPED_TRACE(f.dir.filename().string());
+    EXPECT_LE(max_abs_diff(all, want), 1e-4f);
+  }
+}
+
+}  // namespace
+}  // namespace kvlab
