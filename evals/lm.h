@@ -8,7 +8,17 @@
 #include <span>
 #include <vector>
 
+#include "framework/core/error.h"
+
 namespace kvlab {
+
+// A model call that could not run: the context is full or the KV store has no free block. The
+// sequence is unchanged; evals record the reason and stop (streaming perplexity) or fail the
+// trial.
+class LmStepError : public Error {
+ public:
+  using Error::Error;
+};
 
 // One sequence of a model with its attention policy (state: the KV cache and the policy).
 class LmSequence {

@@ -149,6 +149,7 @@ NiahScore run_niah_trial(LanguageModel& lm, const Tokenizer& tokenizer, const Ni
   if (score.first_wrong_token < 0)
     score.first_wrong_token = std::min<int>(n_expected, int(score.answer_tokens.size()));
   if (scored < n_expected) {  // left the expected path (or stopped early): replay, teacher-forced
+    seq.reset();  // end the first sequence before the replay needs its KV blocks
     seq = lm.start();
     logits = &feed_prompt(*seq, prompt.tokens, tail);
     for (int k = 0; k < n_expected; ++k) {

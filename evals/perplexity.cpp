@@ -40,7 +40,14 @@ void streaming(LanguageModel& lm, std::span<const int32_t> tokens, const Perplex
                PerplexityResult& r) {
   std::unique_ptr<LmSequence> seq = lm.start();
   for (size_t i = 0; i + 1 < tokens.size(); ++i) {
-    const std::vector<float>& logits = seq->decode(tokens[i]);
+    const std::vector<float>* step = nullptr;
+    try {
+      step = &seq->decode(tokens[i]);
+    } catch (const LmStepError& e) {
+      r.stopped = str_cat("stopped at token ", i, ": ", e.what());
+      break;
+    }
+    const std::vector<float>& logits = *step;
     score(r, logits, tokens[i + 1], int64_t(i + 1));
     ++r.tokens_fed;
     if (o.on_progress && (i % 64 == 63)) o.on_progress(r.tokens_fed);

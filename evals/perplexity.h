@@ -15,11 +15,14 @@
 //   PPL = exp(mean nll); its standard error by the delta method, PPL * sd(nll) / sqrt(n)
 //   (as llama.cpp); running PPL after the first c scored tokens for each checkpoint c
 //   (default: powers of two below n, and n).
+// Streaming stops early, keeping what was scored, when the model refuses a step (LmStepError:
+// the context is full, e.g. full attention past the model's max_seq_len); `stopped` says why.
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "evals/lm.h"
@@ -46,6 +49,7 @@ struct PerplexityResult {
   std::vector<int64_t> checkpoints;  // [n_checkpoints] scored-token counts
   std::vector<double> running_ppl;   // [n_checkpoints]
   int64_t tokens_fed = 0;            // tokens that went through the model (all windows)
+  std::string stopped;               // streaming: why scoring ended early (LmStepError), or ""
 };
 
 // Throws kvlab::Error when the text is too short for the protocol.

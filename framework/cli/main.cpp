@@ -15,6 +15,10 @@ namespace kvlab::cli {
 // Add yours here and a row to kCommands below.
 int run_policies(const std::vector<std::string>& args);
 int run_tokenize(const std::vector<std::string>& args);
+int run_run(const std::vector<std::string>& args);
+int run_validate(const std::vector<std::string>& args);
+int run_merge(const std::vector<std::string>& args);
+int run_report(const std::vector<std::string>& args);
 int run_generate(const std::vector<std::string>& args);
 int run_perplexity(const std::vector<std::string>& args);
 }  // namespace kvlab::cli
@@ -27,6 +31,10 @@ constexpr Command kCommands[] = {
     // {"name", "summary", &kvlab::cli::run_name},
     {"policies", "list the attention policies (and --plugin ones) with their parameters", &kvlab::cli::run_policies},
     {"tokenize", "encode stdin with a tokenizer and print the ids (or pieces)", &kvlab::cli::run_tokenize},
+    {"run", "run an experiment YAML (NIAH, perplexity) into an HDF5 results file", &kvlab::cli::run_run},
+    {"validate", "check an experiment YAML without running it", &kvlab::cli::run_validate},
+    {"merge", "join the results files of sharded runs (kvlab run --shard I/N)", &kvlab::cli::run_merge},
+    {"report", "print the summary tables of a results file", &kvlab::cli::run_report},
     {"generate", "stream a continuation of a prompt (sampling, --policy)", &kvlab::cli::run_generate},
     {"perplexity", "perplexity of a text file by the llama.cpp protocol (windows of --ctx)", &kvlab::cli::run_perplexity},
 };

@@ -22,7 +22,7 @@ std::string SourceRef::str() const {
   return out;
 }
 
-size_t edit_distance(const std::string& a, const std::string& b) {
+static size_t levenshtein(const std::string& a, const std::string& b) {
   std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
   for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
   for (size_t i = 1; i <= a.size(); ++i) {
@@ -38,7 +38,7 @@ std::string nearest_name(const std::string& key, const std::vector<std::string>&
   std::string best;
   size_t best_d = std::max<size_t>(3, key.size() / 3) + 1;
   for (const auto& c : candidates) {
-    const size_t d = edit_distance(key, c);
+    const size_t d = levenshtein(key, c);
     if (d < best_d) best_d = d, best = c;
   }
   return best;

@@ -10,7 +10,7 @@
 // Schema (see docs/results_schema.md and experiments/*.yaml for complete examples):
 //   name: str                         optional, default: the file's stem
 //   model: {path, dtype: keep|f32|f16|bf16|q8_0, threads: int (0 = all cores), tokenizer: path}
-//   kv: {block_size: int, budget_bytes: int | "64MiB" (0 = room for the longest prompt)}
+//   kv: {block_size: int, budget_bytes: int | "64MiB" (0 = room for the model's max_seq_len)}
 //   engine: {prefill_chunk: int, probe: bool, probe_every: int}
 //   policies: [{name, type, params: {key: scalar | [scalars]}}]   lists expand as a grid
 //   plugins: [path.so]
@@ -59,7 +59,7 @@ struct ModelSpec {
 
 struct KvSpec {
   int block_size_tokens = 16;
-  uint64_t budget_bytes = 0;  // 0 = room for the longest sequence of the experiment
+  uint64_t budget_bytes = 0;  // 0 = the engine's default: room for max_seq_len tokens
 };
 
 struct EngineSpec {
@@ -138,8 +138,7 @@ struct PolicyLookup {
 // (unknown type -> nearest registered type suggested; parameter errors name the key path).
 void check_policies(const ExperimentSpec& spec, const PolicyLookup& lookup);
 
-// Levenshtein distance and "nearest candidate within distance 3 or a third of the length".
-size_t edit_distance(const std::string& a, const std::string& b);
+// The candidate nearest to `key` by Levenshtein distance, if within max(3, |key|/3); else "".
 std::string nearest_name(const std::string& key, const std::vector<std::string>& candidates);
 
 // "64MiB", "1.5GB", "4096" -> bytes. Throws kvlab::Error naming `what` on a malformed size.

@@ -1,0 +1,46 @@
+// kvlab run EXP.yaml: expands the experiment into cells, runs them, writes HDF5 (runner.h).
+#include <iostream>
+
+#include "framework/cli/options.h"
+#include "framework/core/error.h"
+#include "framework/experiment/experiment.h"
+#include "framework/experiment/runner.h"
+
+namespace kvlab::cli {
+
+int run_run(const std::vector<std::string>& args) {
+  po::options_description desc("options");
+  std::string experiment, output, device = "cpu", shard = "0/1";
+  int threads = -1;
+  desc.add_options()
+      ("experiment", po::value(&experiment)->required(), "the experiment YAML file")
+      ("output,o", po::value(&output), "results file (default: the YAML's output:)")
+      ("resume", "continue an existing results file: run only the cells it lacks")
+      ("overwrite", "replace an existing results file")
+      ("threads", po::value(&threads), "CPU threads (default: model.threads of the YAML; 0 = all cores)")
+      ("device", po::value(&device), "cpu | cuda")
+      ("dry-run", "list the cells and their estimated KV memory; run nothing")
+      ("shard", po::value(&shard), "I/N: run only cells with index % N == I (Slurm arrays; join with kvlab merge)");
+  po::positional_options_description pos;
+  pos.add("experiment", 1);
+  po::variables_map vm;
+  if (!parse_options(args, "kvlab run EXP.yaml [-o OUT.h5] [--resume] [--threads N] [--device cpu|cuda] "
+                           "[--dry-run] [--shard I/N]",
+                     desc, pos, vm))
+    return 0;
+  RunOptions o;
+  o.output = output;
+  o.resume = vm.count("resume") > 0;
+  o.overwrite = vm.count("overwrite") > 0;
+  if (o.resume && o.overwrite) fail("--resume and --overwrite exclude each other");
+  o.threads = threads;
+  if (vm.count("threads") && threads < 0) fail("--threads: expected 0 (all cores) or more, got ", threads);
+  o.device = device;
+  o.dry_run = vm.count("dry-run") > 0;
+  o.shard = parse_shard(shard);
+  const ExperimentSpec spec = parse_experiment(experiment);
+  run_experiment(spec, o);
+  return 0;
+}
+
+}  // namespace kvlab::cli

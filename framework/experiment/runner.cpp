@@ -1,0 +1,492 @@
+#include "framework/experiment/runner.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <iostream>
+#include <limits>
+#include <sstream>
+
+#include "evals/lm.h"
+#include "evals/niah.h"
+#include "evals/perplexity.h"
+#include "framework/core/error.h"
+#include "framework/engine/engine.h"
+#include "framework/experiment/progress.h"
+#include "framework/experiment/report.h"
+#include "framework/experiment/results.h"
+#include "framework/experiment/sha256.h"
+#include "framework/model/model.h"
+#include "framework/policy/registry.h"
+#include "kvlab/version.h"
+#include "policies/builtin.h"
+
+namespace kvlab {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// The engine with one run's policy, as the evals see it (evals/lm.h). Keeps the time spent in
+// prefill and decode and the statistics of every sequence when it ends.
+class EngineLm : public LanguageModel {
+ public:
+  EngineLm(Engine& engine, const PolicyRegistry& registry, const RunSpec& run,
+           const PolicyModelShape& shape)
+      : engine_(engine), registry_(registry), run_(run), shape_(shape) {}
+
+  int32_t vocab_size() const override { return engine_.config().vocab_size; }
+
+  std::unique_ptr<LmSequence> start() override {
+    auto policy = registry_.create(run_.type, run_.params, shape_, "policies." + run_.name + ".params");
+    return std::make_unique<Seq>(*this, engine_.start_sequence(std::move(policy)));
+  }
+
+  double prefill_s = 0, decode_s = 0;
+  int64_t prefill_tokens = 0, decode_tokens = 0;
+  std::vector<SequenceStats> ended;  // in the order the sequences ended
+  std::function<void(int64_t)> on_tokens;
+
+  void reset_counters() {
+    prefill_s = decode_s = 0;
+    prefill_tokens = decode_tokens = 0;
+    ended.clear();
+  }
+
+ private:
+  class Seq : public LmSequence {
+   public:
+    Seq(EngineLm& lm, SeqId id) : lm_(lm), id_(id) {}
+    ~Seq() override {
+      lm_.ended.push_back(lm_.engine_.sequence_stats(id_));
+      lm_.engine_.end_sequence(id_);
+    }
+    const std::vector<float>& prefill(std::span<const int32_t> tokens, bool all_logits) override {
+      const auto t0 = Clock::now();
+      check(lm_.engine_.prefill(id_, tokens, logits_, all_logits));
+      lm_.prefill_s += seconds_since(t0);
+      lm_.prefill_tokens += int64_t(tokens.size());
+      if (lm_.on_tokens) lm_.on_tokens(lm_.prefill_tokens + lm_.decode_tokens);
+      return logits_;
+    }
+    const std::vector<float>& decode(int32_t token) override {
+      const auto t0 = Clock::now();
+      check(lm_.engine_.decode(std::span(&id_, 1), std::span(&token, 1), logits_));
+      lm_.decode_s += seconds_since(t0);
+      ++lm_.decode_tokens;
+      if (lm_.on_tokens && lm_.decode_tokens % 16 == 0) lm_.on_tokens(lm_.prefill_tokens + lm_.decode_tokens);
+      return logits_;
+    }
+
+   private:
+    void check(StepStatus s) {
+      if (s != StepStatus::kOk)
+        throw LmStepError(str_cat(step_status_name(s), " after ", lm_.engine_.n_tokens(id_), " tokens"));
+    }
+    EngineLm& lm_;
+    SeqId id_;
+    std::vector<float> logits_;
+  };
+
+  Engine& engine_;
+  const PolicyRegistry& registry_;
+  const RunSpec& run_;
+  PolicyModelShape shape_;
+};
+
+std::string read_text(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  if (!in) fail(p.string(), ": cannot read");
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+Dataset column(auto values) {
+  Dataset d;
+  d.data = std::move(values);
+  return d;
+}
+
+// The engine's per-sequence statistics as cell attributes (mean over `stats`, peaks as max).
+void add_sequence_attrs(AttrMap& a, const std::vector<SequenceStats>& stats) {
+  size_t kv_peak = 0;
+  int64_t blocks_peak = 0, probes = 0;
+  double set = 0, achieved = 0, recall = 0, recall_min = 1, err = 0, err_max = 0;
+  for (const auto& s : stats) {
+    kv_peak = std::max(kv_peak, s.kv_bytes_peak);
+    blocks_peak = std::max(blocks_peak, s.blocks_peak);
+    set += s.attended_set_mean / double(stats.size());
+    achieved += s.attended_achieved_mean / double(stats.size());
+    if (s.probe_samples > 0) {
+      recall += s.probe_recall_mean * double(s.probe_samples);
+      err += s.probe_rel_error_mean * double(s.probe_samples);
+      recall_min = std::min(recall_min, s.probe_recall_min);
+      err_max = std::max(err_max, s.probe_rel_error_max);
+      probes += s.probe_samples;
+    }
+  }
+  a["kv_bytes_peak"] = int64_t(kv_peak);
+  a["blocks_peak"] = blocks_peak;
+  a["attended_set_mean"] = set;
+  a["attended_achieved_mean"] = achieved;
+  a["probe_samples"] = probes;
+  a["recall_mean"] = probes ? recall / double(probes) : kNaN;
+  a["recall_min"] = probes ? recall_min : kNaN;
+  a["rel_error_mean"] = probes ? err / double(probes) : kNaN;
+  a["rel_error_max"] = probes ? err_max : kNaN;
+}
+
+void add_timing_attrs(AttrMap& a, const EngineLm& lm) {
+  a["prefill_s"] = lm.prefill_s;
+  a["decode_s"] = lm.decode_s;
+  a["prefill_tokens"] = lm.prefill_tokens;
+  a["decode_tokens"] = lm.decode_tokens;
+  const double s = lm.prefill_s + lm.decode_s;
+  a["tokens_per_s"] = s > 0 ? double(lm.prefill_tokens + lm.decode_tokens) / s : 0.0;
+  a["prefill_tokens_per_s"] = lm.prefill_s > 0 ? double(lm.prefill_tokens) / lm.prefill_s : 0.0;
+  a["decode_tokens_per_s"] = lm.decode_s > 0 ? double(lm.decode_tokens) / lm.decode_s : 0.0;
+}
+
+struct Inputs {
+  const ExperimentSpec& spec;
+  const Tokenizer& tokenizer;
+  std::optional<Haystack> haystack;
+  std::vector<std::vector<int32_t>> ppl_tokens;  // per text
+};
+
+CellRecord run_niah_cell(const CellSpec& cell, EngineLm& lm, Inputs& in) {
+  const NiahSpec& n = in.spec.niah;
+  const int length = n.context_lengths[cell.length_idx];
+  const double depth = n.depths[cell.depth_idx];
+  NiahOptions opt{n.needle, n.question, n.value_digits};
+  std::vector<std::string> values, answers;
+  std::vector<int8_t> correct;
+  std::vector<int64_t> first_wrong, needle_pos, needle_tokens, offsets, seeds, trial_seeds, kv_peak,
+      kv_answer, blocks_peak, probe_samples;
+  std::vector<double> logprob, att_set, att_achieved, recall, recall_min, err, err_max;
+  std::vector<std::string> status;
+  AttrMap a;
+  lm.reset_counters();
+  std::vector<SequenceStats> all_stats;
+  for (uint64_t seed : in.spec.seeds)
+    for (int t = 0; t < n.trials; ++t) {
+      const uint64_t ts = trial_seed(seed, length, depth, t);
+      const NiahPrompt p = build_niah_prompt(in.tokenizer, *in.haystack, opt, length, depth, ts);
+      lm.ended.clear();
+      NiahScore s;
+      std::string st = "ok";
+      try {
+        s = run_niah_trial(lm, in.tokenizer, p, n.decode_tail_tokens, n.max_answer_tokens);
+      } catch (const LmStepError& e) {
+        st = e.what();
+        s.value_logprob = kNaN;
+        s.first_wrong_token = -1;
+      }
+      const SequenceStats stats = lm.ended.empty() ? SequenceStats{} : lm.ended.front();
+      all_stats.push_back(stats);
+      values.push_back(p.value);
+      answers.push_back(s.answer);
+      correct.push_back(s.correct ? 1 : 0);
+      first_wrong.push_back(s.first_wrong_token);
+      logprob.push_back(s.value_logprob);
+      needle_pos.push_back(p.needle_pos);
+      needle_tokens.push_back(p.needle_tokens);
+      offsets.push_back(p.haystack_offset);
+      seeds.push_back(int64_t(seed));
+      trial_seeds.push_back(int64_t(ts));
+      kv_peak.push_back(int64_t(stats.kv_bytes_peak));
+      kv_answer.push_back(int64_t(stats.kv_bytes_current));
+      blocks_peak.push_back(stats.blocks_peak);
+      att_set.push_back(stats.attended_set_mean);
+      att_achieved.push_back(stats.attended_achieved_mean);
+      probe_samples.push_back(stats.probe_samples);
+      recall.push_back(stats.probe_samples ? stats.probe_recall_mean : kNaN);
+      recall_min.push_back(stats.probe_samples ? stats.probe_recall_min : kNaN);
+      err.push_back(stats.probe_samples ? stats.probe_rel_error_mean : kNaN);
+      err_max.push_back(stats.probe_samples ? stats.probe_rel_error_max : kNaN);
+      status.push_back(st);
+    }
+  CellRecord rec;
+  rec.datasets = {{"values", column(values)}, {"answers", column(answers)},
+                  {"correct", column(correct)}, {"first_wrong_token", column(first_wrong)},
+                  {"value_logprob", column(logprob)}, {"needle_pos", column(needle_pos)},
+                  {"needle_tokens", column(needle_tokens)}, {"haystack_offset", column(offsets)},
+                  {"seed", column(seeds)}, {"trial_seed", column(trial_seeds)},
+                  {"kv_bytes_peak", column(kv_peak)}, {"kv_bytes_answer", column(kv_answer)},
+                  {"blocks_peak", column(blocks_peak)}, {"attended_set", column(att_set)},
+                  {"attended_achieved", column(att_achieved)}, {"probe_samples", column(probe_samples)},
+                  {"recall_mean", column(recall)}, {"recall_min", column(recall_min)},
+                  {"rel_error_mean", column(err)}, {"rel_error_max", column(err_max)},
+                  {"status", column(status)}};
+  rec.attrs["kind"] = std::string("niah");
+  rec.attrs["context_length"] = int64_t(length);
+  rec.attrs["depth"] = depth;
+  rec.attrs["trials"] = int64_t(correct.size());
+  int n_correct = 0;
+  for (int8_t c : correct) n_correct += c;
+  rec.attrs["accuracy"] = double(n_correct) / double(correct.size());
+  add_sequence_attrs(rec.attrs, all_stats);
+  add_timing_attrs(rec.attrs, lm);
+  return rec;
+}
+
+CellRecord run_ppl_cell(const CellSpec& cell, EngineLm& lm, Inputs& in) {
+  const PerplexitySpec& s = in.spec.perplexity;
+  PerplexityOptions o;
+  o.protocol = s.protocol;
+  o.n_ctx = s.n_ctx;
+  o.window = s.window;
+  o.stride = s.stride;
+  o.checkpoints = s.checkpoints;
+  lm.reset_counters();
+  const std::vector<int32_t>& tokens = in.ppl_tokens[cell.text_idx];
+  const PerplexityResult r = evaluate_perplexity(lm, tokens, in.tokenizer.bos_id(), o);
+  CellRecord rec;
+  Dataset nll = column(r.nll);
+  nll.attrs["unit"] = std::string("nats");
+  rec.datasets = {{"nll", nll}, {"positions", column(r.positions)},
+                  {"checkpoints", column(r.checkpoints)}, {"running_ppl", column(r.running_ppl)}};
+  rec.attrs["kind"] = std::string("perplexity");
+  rec.attrs["text"] = s.text[cell.text_idx].string();
+  rec.attrs["protocol"] = std::string(to_string(s.protocol));
+  rec.attrs["n_ctx"] = int64_t(s.n_ctx);
+  rec.attrs["window"] = int64_t(s.window);
+  rec.attrs["stride"] = int64_t(s.stride);
+  rec.attrs["tokens"] = int64_t(tokens.size());
+  rec.attrs["bos"] = int64_t(in.tokenizer.bos_id() >= 0 && !tokens.empty() && tokens[0] == in.tokenizer.bos_id());
+  rec.attrs["n_scored"] = int64_t(r.nll.size());
+  rec.attrs["ppl"] = r.ppl;
+  rec.attrs["ppl_stderr"] = r.ppl_stderr;
+  rec.attrs["mean_nll"] = r.mean_nll;
+  rec.attrs["status"] = r.stopped.empty() ? std::string("ok") : r.stopped;
+  add_sequence_attrs(rec.attrs, lm.ended);
+  add_timing_attrs(rec.attrs, lm);
+  return rec;
+}
+
+std::string model_config_json(const ModelConfig& c) {
+  return str_cat("{\"arch\": \"", c.arch, "\", \"dim\": ", c.dim, ", \"n_layers\": ", c.n_layers,
+                 ", \"n_heads\": ", c.n_heads, ", \"n_kv_heads\": ", c.n_kv_heads, ", \"head_dim\": ",
+                 c.head_dim, ", \"hidden_dim\": ", c.hidden_dim, ", \"vocab_size\": ", c.vocab_size,
+                 ", \"max_seq_len\": ", c.max_seq_len, ", \"rope_theta\": ", c.rope_theta,
+                 ", \"rms_eps\": ", c.rms_eps, "}");
+}
+
+PolicyModelShape shape_of(const ModelConfig& c) {
+  return PolicyModelShape{c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim, c.max_seq_len};
+}
+
+// Tokens a cell keeps in the KV store at most, summed over layers, per the policy's budget.
+int64_t resident_token_layers(const AttentionPolicy& policy, const ModelConfig& c, int64_t n_seen) {
+  int64_t sum = 0;
+  for (int l = 0; l < c.n_layers; ++l) {
+    const int64_t b = policy.budget_tokens(l, n_seen);
+    sum += b < 0 ? n_seen : std::min(b, n_seen);
+  }
+  return sum;
+}
+
+void dry_run(const ExperimentSpec& spec, const std::vector<RunSpec>& runs,
+             const std::vector<CellSpec>& cells, const RunOptions& o, const Model& model,
+             const PolicyRegistry& registry, std::ostream& out) {
+  const ModelConfig& c = model.config;
+  const double bytes_per_token_layer = double(c.kv_bytes_per_token(DType::kF32)) / c.n_layers;
+  char line[512];
+  std::snprintf(line, sizeof line, "%6s  %-32s %-20s %10s %14s\n", "cell", "run", "eval", "tokens", "kv_est_MiB");
+  out << line;
+  int n = 0;
+  for (const CellSpec& cell : cells) {
+    if (!in_shard(cell, o.shard)) continue;
+    ++n;
+    const RunSpec& run = runs[cell.run];
+    const int64_t tokens = cell.kind == EvalKind::kNiah
+                               ? spec.niah.context_lengths[cell.length_idx] + spec.niah.max_answer_tokens
+                           : spec.perplexity.protocol == PplProtocol::kStreaming ? spec.perplexity.tokens
+                           : spec.perplexity.protocol == PplProtocol::kChunked   ? spec.perplexity.n_ctx
+                                                                                 : spec.perplexity.window;
+    const auto policy = registry.create(run.type, run.params, shape_of(c), "policies." + run.name + ".params");
+    // Resident tokens rounded up to whole blocks per layer (the store's unit).
+    const int64_t per_layer = resident_token_layers(*policy, c, tokens) / c.n_layers;
+    const int64_t bs = spec.kv.block_size_tokens;
+    const double bytes = double((per_layer + bs - 1) / bs * bs) * bytes_per_token_layer * c.n_layers;
+    std::snprintf(line, sizeof line, "%6d  %-32s %-20s %10lld %14.2f\n", cell.index, run.name.c_str(),
+                  cell.id.c_str(), static_cast<long long>(tokens), bytes / 1048576.0);
+    out << line;
+  }
+  out << n << " of " << cells.size() << " cells in shard " << o.shard.index << "/" << o.shard.count
+      << " (KV estimate: fp32 store, the policy's budget, whole blocks)\n";
+}
+
+}  // namespace
+
+void check_device(const std::string& device) {
+  if (device == "cpu") return;
+  if (device != "cuda") fail("--device: expected cpu or cuda, got '", device, "'");
+#ifndef KVLAB_HAVE_CUDA
+  fail("--device cuda: this kvlab was built without CUDA (reconfigure with -DKVLAB_CUDA=ON on a "
+       "machine with the CUDA toolkit)");
+#else
+  if (!fs::exists("/dev/nvidia0") && !fs::exists("/dev/nvidiactl"))
+    fail("--device cuda: no GPU found (no /dev/nvidia* device); use --device cpu");
+  fail("--device cuda: the CUDA kernels are built, but `kvlab run` drives the CPU engine only in "
+       "this version; use --device cpu");
+#endif
+}
+
+int run_experiment(const ExperimentSpec& spec, const RunOptions& o) {
+  std::ostream& out = o.out ? *o.out : std::cout;
+  check_device(o.device);
+  check_files_exist(spec);
+  PolicyRegistry registry = make_builtin_registry();
+  for (const auto& p : spec.plugins) registry.load_plugin(p);
+  check_policies(spec, PolicyLookup{[&](const std::string& t) { return registry.find(t); },
+                                    [&] { return registry.names(); }});
+  const std::vector<RunSpec> runs = expand_runs(spec);
+  const std::vector<CellSpec> cells = expand_cells(spec, runs);
+
+  LoadOptions load;
+  load.weight_dtype = spec.model.dtype;
+  load.tokenizer_path = spec.model.tokenizer;
+  load.require_tokenizer = !o.dry_run;
+  load.load_tokenizer = !o.dry_run;
+  const std::unique_ptr<Model> model = load_model(spec.model.path, load);
+  const ModelConfig& config = model->config;
+  if (o.dry_run) {
+    dry_run(spec, runs, cells, o, *model, registry, out);
+    return 0;
+  }
+  const Tokenizer& tokenizer = *model->tokenizer;
+
+  // Sizes the model cannot hold are errors now, not after an hour of other cells.
+  if (spec.niah.enabled)
+    for (size_t i = 0; i < spec.niah.context_lengths.size(); ++i)
+      if (spec.niah.context_lengths[i] + spec.niah.max_answer_tokens > config.max_seq_len)
+        fail(spec.niah.ref.str(), ".context_lengths[", i, "]: ", spec.niah.context_lengths[i],
+             " + max_answer_tokens ", spec.niah.max_answer_tokens, " exceeds the model's context (",
+             config.max_seq_len, " tokens)");
+  if (spec.perplexity.enabled) {
+    const auto& p = spec.perplexity;
+    const int window = p.protocol == PplProtocol::kChunked ? p.n_ctx : p.protocol == PplProtocol::kSliding ? p.window : 0;
+    if (window > config.max_seq_len)
+      fail(p.ref.str(), ": window of ", window, " tokens exceeds the model's context (", config.max_seq_len, " tokens)");
+  }
+
+  // Inputs, tokenized once.
+  Inputs in{spec, tokenizer, std::nullopt, {}};
+  if (spec.niah.enabled) {
+    std::string text;
+    for (const auto& h : spec.niah.haystack) text += (text.empty() ? "" : "\n\n") + read_text(h);
+    in.haystack = make_haystack(tokenizer, text);
+  }
+  for (size_t i = 0; i < spec.perplexity.text.size(); ++i) {
+    std::vector<int32_t> t = tokenizer.encode(read_text(spec.perplexity.text[i]),
+                                              EncodeOptions{.add_bos = tokenizer.bos_id() >= 0});
+    if (int64_t(t.size()) < spec.perplexity.tokens)
+      fail(spec.perplexity.ref.str(), ".text[", i, "]: ", spec.perplexity.text[i].string(), " has ",
+           t.size(), " tokens, fewer than tokens: ", spec.perplexity.tokens);
+    t.resize(spec.perplexity.tokens);
+    in.ppl_tokens.push_back(std::move(t));
+  }
+
+  // The results file.
+  const fs::path output = o.output.empty() ? spec.output : o.output;
+  std::optional<ResultsFile> file;
+  if (o.resume && fs::exists(output)) {
+    file = ResultsFile::open(output);
+    const AttrMap root = file->root_attrs();
+    auto it = root.find("experiment");
+    if (it == root.end() || it->second != AttrValue(spec.yaml_text))
+      fail(output.string(), ": records a different experiment (its YAML text differs from ",
+           spec.file.string(), "); resume needs the same file");
+    const int deleted = file->delete_incomplete_cells();
+    if (deleted && o.progress) std::fprintf(o.progress, "resume: removed %d interrupted cell(s)\n", deleted);
+  } else {
+    if (fs::exists(output) && !o.overwrite)
+      fail(output.string(), ": already exists (use --resume to continue it, or delete it)");
+    std::vector<int64_t> seeds(spec.seeds.begin(), spec.seeds.end());
+    AttrMap root{{"kvlab_version", std::string(kVersion)},
+                 {"git_commit", std::string(kGitCommit)},
+                 {"experiment", spec.yaml_text},
+                 {"experiment_file", spec.file.string()},
+                 {"name", spec.name},
+                 {"start_time", utc_now_iso8601()},
+                 {"host", host_name()},
+                 {"model_path", spec.model.path.string()},
+                 {"model_sha256", sha256_of_path(spec.model.path)},
+                 {"model_format", model->format},
+                 {"model_config", model_config_json(config)},
+                 {"model_dtype", spec.model.dtype},
+                 {"tokenizer", str_cat(tokenizer.kind(), " (vocab ", tokenizer.vocab_size(), ", bos ",
+                                       tokenizer.bos_id(), ", eos ", tokenizer.eos_id(), ")")},
+                 {"seeds", seeds},
+                 {"cells_total", int64_t(cells.size())},
+                 {"shard", str_cat(o.shard.index, "/", o.shard.count)}};
+    file = ResultsFile::create(output, root);
+  }
+  for (const RunSpec& run : runs) {
+    AttrMap a{{"policy_name", run.entry_name}, {"policy_type", run.type}};
+    std::string params;
+    for (const auto& [k, v] : run.params) {
+      if (auto* b = std::get_if<bool>(&v)) a["param." + k] = int64_t(*b);
+      else if (auto* i = std::get_if<int64_t>(&v)) a["param." + k] = *i;
+      else if (auto* d = std::get_if<double>(&v)) a["param." + k] = *d;
+      else a["param." + k] = std::get<std::string>(v);
+      params += (params.empty() ? "" : ", ") + k + "=" + to_string(v);
+    }
+    a["params"] = params;
+    file->ensure_run(run.name, a);
+  }
+
+  // The cells of this shard that are not complete yet.
+  std::vector<const CellSpec*> todo;
+  for (const CellSpec& c : cells)
+    if (in_shard(c, o.shard) && !file->cell_complete(runs[c.run].name, c.id)) todo.push_back(&c);
+
+  EngineOptions eo;
+  eo.threads = o.threads >= 0 ? o.threads : spec.model.threads;
+  eo.block_size_tokens = spec.kv.block_size_tokens;
+  eo.kv_budget_bytes = spec.kv.budget_bytes;
+  eo.prefill_chunk_tokens = spec.engine.prefill_chunk_tokens;
+  eo.probe = spec.engine.probe;
+  eo.probe_every = spec.engine.probe_every;
+  Engine engine(*model, eo);
+
+  const bool interactive = o.progress_interactive >= 0 ? o.progress_interactive == 1
+                                                       : (o.progress && Progress::is_terminal(o.progress));
+  std::optional<Progress> progress;
+  if (o.progress) progress.emplace(int(todo.size()), o.progress, interactive);
+  int n_run = 0;
+  for (const CellSpec* cell : todo) {
+    const RunSpec& run = runs[cell->run];
+    EngineLm lm(engine, registry, run, shape_of(config));
+    if (progress) {
+      progress->cell_started(run.name + " " + cell->id);
+      lm.on_tokens = [&](int64_t n) { progress->tokens(n); };
+    }
+    CellRecord rec = cell->kind == EvalKind::kNiah ? run_niah_cell(*cell, lm, in) : run_ppl_cell(*cell, lm, in);
+    rec.attrs["run"] = run.name;
+    rec.attrs["cell_index"] = int64_t(cell->index);
+    rec.attrs["finished_at"] = utc_now_iso8601();
+    file->write_cell(run.name, cell->id, rec);
+    ++n_run;
+    if (progress) {
+      const std::string outcome =
+          cell->kind == EvalKind::kNiah
+              ? str_cat("accuracy ", std::get<double>(rec.attrs.at("accuracy")))
+              : str_cat("ppl ", std::get<double>(rec.attrs.at("ppl")));
+      progress->cell_finished(outcome);
+    }
+  }
+  if (progress) progress->finish();
+  write_summaries(*file, spec);
+  file->set_root_attr("end_time", utc_now_iso8601());
+  print_report(*file, out);
+  return n_run;
+}
+
+}  // namespace kvlab

@@ -1,0 +1,45 @@
+// `kvlab run`: executes an experiment's cells on the engine and writes the results file.
+//
+// Order of work: validate (files, policy types and parameters against the registry with
+// plugins loaded), load the model, open or create the results file, then for every cell of
+// this shard that is not complete yet: run it, write it (complete attribute last), flush,
+// close. A SIGKILL therefore loses at most the cell in progress; `resume` deletes interrupted
+// cells and runs what is missing. At the end the summaries are rebuilt and the report printed.
+//
+// Determinism: a NIAH trial's value and haystack offset depend only on (seed, length, depth,
+// trial) (cells.h trial_seed), greedy decoding has no randomness, and the engine is
+// deterministic for a fixed thread count, so a resumed or sharded run writes the same contents
+// as an uninterrupted one (timing attributes aside).
+#pragma once
+
+#include <cstdio>
+#include <filesystem>
+#include <ostream>
+#include <string>
+
+#include "framework/experiment/cells.h"
+#include "framework/experiment/experiment.h"
+
+namespace kvlab {
+
+struct RunOptions {
+  std::filesystem::path output;  // empty: the experiment's output
+  bool resume = false;           // continue an existing file (else it must not exist)
+  bool overwrite = false;        // replace an existing file
+  int threads = -1;              // -1: model.threads from the YAML (0 = all cores)
+  std::string device = "cpu";    // cpu | cuda
+  bool dry_run = false;          // list cells and their estimated KV memory, run nothing
+  Shard shard;
+  std::FILE* progress = stderr;  // nullptr: no progress display
+  int progress_interactive = -1; // -1: when `progress` is a terminal
+  std::ostream* out = nullptr;   // summary table / dry-run listing (nullptr: std::cout)
+};
+
+// Throws kvlab::Error for anything that stops the run (bad input, unreadable files, a device
+// that is not there). Returns the number of cells run.
+int run_experiment(const ExperimentSpec& spec, const RunOptions& options);
+
+// Throws "--device cuda: ..." unless `device` can be used by this build.
+void check_device(const std::string& device);
+
+}  // namespace kvlab
