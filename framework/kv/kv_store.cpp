@@ -360,8 +360,13 @@ void KvStore::maybe_compact(LayerCache& lc) {
     if (pool_.ref_count(lc.blocks[b]) > 1) ++shared;
   if (shared > pool_.n_free()) return;  // compaction is an optimisation: skip it, stay exact
   std::vector<int32_t> dst_blocks = lc.blocks;
-  for (int b = first_block; b < new_used; ++b)
-    if (pool_.ref_count(lc.blocks[b]) > 1) dst_blocks[b] = pool_.allocate();
+  for (int b = first_block; b < new_used; ++b) {
+    if (pool_.ref_count(lc.blocks[b]) > 1) {
+      // A private copy (rows before first_hole in this block stay as they are).
+      dst_blocks[b] = pool_.allocate();
+      copy_block(dst_blocks[b], lc.blocks[b]);
+    }
+  }
   std::vector<int64_t> new_pos(static_cast<size_t>(new_n) * H, 0);
   std::vector<uint8_t> new_valid(static_cast<size_t>(new_n) * H, 0);
   std::copy(lc.positions.begin(), lc.positions.begin() + static_cast<ptrdiff_t>(first_hole) * H,
