@@ -55,7 +55,7 @@ struct Case {
   std::string name, text;
 };
 
-class ReferenceTest : public ::testing::Test {
+class TokenizerReference : public ::testing::Test {
  protected:
   void SetUp() override {
     if (const std::string missing = missing_shared_file(); !missing.empty())
@@ -115,14 +115,14 @@ class ReferenceTest : public ::testing::Test {
 
   static std::vector<Case> cases_;
 };
-std::vector<Case> ReferenceTest::cases_;
+std::vector<Case> TokenizerReference::cases_;
 
 // --- SentencePiece -----------------------------------------------------------------------------
 
-class SentencePieceReferenceTest : public ReferenceTest {
+class TokenizerSpmReference : public TokenizerReference {
  protected:
   void SetUp() override {
-    ReferenceTest::SetUp();
+    TokenizerReference::SetUp();
     if (IsSkipped()) return;
     const Json expected = read_json(fixture_dir() / "spm_expected.json");
     ids_ = expected["ids"];
@@ -132,7 +132,7 @@ class SentencePieceReferenceTest : public ReferenceTest {
   std::vector<std::string> decoded_;  // python3-sentencepiece's decode of its own ids
 };
 
-TEST_F(SentencePieceReferenceTest, TokenizerModelMatchesPythonSentencepiece) {
+TEST_F(TokenizerSpmReference, TokenizerModelMatchesPythonSentencepiece) {
   const auto tok = load_tokenizer(shared_dir() / "tokenizers/llama2/tokenizer.model");
   EXPECT_EQ(tok->kind(), "sentencepiece");
   EXPECT_EQ(tok->vocab_size(), 32000);
@@ -142,7 +142,7 @@ TEST_F(SentencePieceReferenceTest, TokenizerModelMatchesPythonSentencepiece) {
   check_encode_decode(*tok, ids_, decoded_);
 }
 
-TEST_F(SentencePieceReferenceTest, RoundTripsValidUtf8AndReplacesInvalidBytes) {
+TEST_F(TokenizerSpmReference, RoundTripsValidUtf8AndReplacesInvalidBytes) {
   // decode(encode(x)) == x for valid UTF-8; sentencepiece turns each invalid byte into U+FFFD,
   // so for those cases the reference decode is x with the replacements.
   for (size_t i = 0; i < cases_.size(); ++i) {
@@ -151,7 +151,7 @@ TEST_F(SentencePieceReferenceTest, RoundTripsValidUtf8AndReplacesInvalidBytes) {
   }
 }
 
-TEST_F(SentencePieceReferenceTest, GgufVocabularyGivesTheSameIds) {
+TEST_F(TokenizerSpmReference, GgufVocabularyGivesTheSameIds) {
   const auto tok = load_tokenizer(fixture_dir() / "llama2_vocab.gguf");
   EXPECT_EQ(tok->kind(), "sentencepiece");
   EXPECT_EQ(tok->bos_id(), 1);
@@ -159,7 +159,7 @@ TEST_F(SentencePieceReferenceTest, GgufVocabularyGivesTheSameIds) {
   check_encode_decode(*tok, ids_, decoded_);
 }
 
-TEST_F(SentencePieceReferenceTest, Llama2cTokenizerBinGivesTheSameIds) {
+TEST_F(TokenizerSpmReference, Llama2cTokenizerBinGivesTheSameIds) {
   const auto tok = load_tokenizer(fixture_dir() / "llama2_tokenizer.bin");
   EXPECT_EQ(tok->kind(), "sentencepiece");
   EXPECT_EQ(tok->vocab_size(), 32000);
@@ -168,7 +168,7 @@ TEST_F(SentencePieceReferenceTest, Llama2cTokenizerBinGivesTheSameIds) {
   check_encode_decode(*tok, ids_, decoded_);
 }
 
-TEST_F(SentencePieceReferenceTest, SpecialTokensOnlyWhenAsked) {
+TEST_F(TokenizerSpmReference, SpecialTokensOnlyWhenAsked) {
   const auto tok = load_tokenizer(shared_dir() / "tokenizers/llama2/tokenizer.model");
   const std::vector<int32_t> plain = tok->encode("<s>hi</s>");
   EXPECT_EQ(std::count(plain.begin(), plain.end(), 1), 0);
@@ -190,10 +190,10 @@ TEST_F(SentencePieceReferenceTest, SpecialTokensOnlyWhenAsked) {
 
 // --- byte-level BPE ----------------------------------------------------------------------------
 
-class BpeReferenceTest : public ReferenceTest {
+class TokenizerBpeReference : public TokenizerReference {
  protected:
   void SetUp() override {
-    ReferenceTest::SetUp();
+    TokenizerReference::SetUp();
     if (IsSkipped()) return;
     const Json file = read_json(fixture_dir() / "bpe_expected.json");
     ids_ = file["ids"];
@@ -201,7 +201,7 @@ class BpeReferenceTest : public ReferenceTest {
   Json ids_;
 };
 
-TEST_F(BpeReferenceTest, TokenizerJsonMatchesIndependentReference) {
+TEST_F(TokenizerBpeReference, TokenizerJsonMatchesIndependentReference) {
   const auto tok = load_tokenizer(shared_dir() / "tokenizers/gpt2/tokenizer.json");
   EXPECT_EQ(tok->kind(), "bpe");
   EXPECT_EQ(tok->vocab_size(), 50257);
@@ -210,13 +210,13 @@ TEST_F(BpeReferenceTest, TokenizerJsonMatchesIndependentReference) {
   check_encode_decode(*tok, ids_, texts());  // byte-exact round trip, invalid UTF-8 included
 }
 
-TEST_F(BpeReferenceTest, GgufVocabularyGivesTheSameIds) {
+TEST_F(TokenizerBpeReference, GgufVocabularyGivesTheSameIds) {
   const auto tok = load_tokenizer(fixture_dir() / "gpt2_vocab.gguf");
   EXPECT_EQ(tok->kind(), "bpe");
   check_encode_decode(*tok, ids_, texts());
 }
 
-TEST_F(BpeReferenceTest, EndOfTextOnlyWhenAsked) {
+TEST_F(TokenizerBpeReference, EndOfTextOnlyWhenAsked) {
   const auto tok = load_tokenizer(shared_dir() / "tokenizers/gpt2/tokenizer.json");
   const std::string text = "a<|endoftext|>b";
   const std::vector<int32_t> plain = tok->encode(text);

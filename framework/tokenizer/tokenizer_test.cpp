@@ -59,7 +59,7 @@ std::string stream_all(const Tokenizer& tok, const std::vector<int32_t>& ids, st
 
 // --- UTF-8 -------------------------------------------------------------------------------------
 
-TEST(Utf8, CharLengthAcceptsOnlyWellFormedSequences) {
+TEST(TokenizerUtf8, CharLengthAcceptsOnlyWellFormedSequences) {
   EXPECT_EQ(utf8::char_length("a", 0), 1u);
   EXPECT_EQ(utf8::char_length("\xC3\xA9", 0), 2u);          // é
   EXPECT_EQ(utf8::char_length("\xE4\xB8\xAD", 0), 3u);      // 中
@@ -72,7 +72,7 @@ TEST(Utf8, CharLengthAcceptsOnlyWellFormedSequences) {
   EXPECT_EQ(utf8::char_length("\xFF", 0), 0u);
 }
 
-TEST(Utf8, CompletePrefixHoldsBackOnlyAnUnfinishedLastCharacter) {
+TEST(TokenizerUtf8, CompletePrefixHoldsBackOnlyAnUnfinishedLastCharacter) {
   EXPECT_EQ(utf8::complete_prefix_length(""), 0u);
   EXPECT_EQ(utf8::complete_prefix_length("ab"), 2u);
   EXPECT_EQ(utf8::complete_prefix_length("ab\xF0"), 2u);
@@ -84,7 +84,7 @@ TEST(Utf8, CompletePrefixHoldsBackOnlyAnUnfinishedLastCharacter) {
   EXPECT_EQ(utf8::complete_prefix_length("\x80\x80"), 2u);
 }
 
-TEST(ByteLevel, MapsEveryByteToOneCharacterAndBack) {
+TEST(TokenizerByteLevel, MapsEveryByteToOneCharacterAndBack) {
   std::string all;
   for (int b = 0; b < 256; ++b) all += static_cast<char>(b);
   const std::string spelled = byte_level::encode(all);
@@ -126,7 +126,7 @@ SpmVocab tiny_spm_vocab() {
   return v;
 }
 
-TEST(SentencePieceProto, HandMadeVocabularyEncodesAndDecodes) {
+TEST(TokenizerSpmProto, HandMadeVocabularyEncodesAndDecodes) {
   const auto tok = sentencepiece_from_vocab(tiny_spm_vocab(), "tiny", /*add_bos=*/true);
   EXPECT_EQ(tok->vocab_size(), 265);
   EXPECT_EQ(tok->bos_id(), 1);
@@ -148,7 +148,7 @@ TEST(SentencePieceProto, HandMadeVocabularyEncodesAndDecodes) {
   EXPECT_THROW(tok->token_to_piece(265), Error);
 }
 
-TEST(SentencePieceProto, DummyPrefixCanBeSwitchedOff) {
+TEST(TokenizerSpmProto, DummyPrefixCanBeSwitchedOff) {
   SpmVocab v = tiny_spm_vocab();
   v.add_dummy_prefix = false;
   const auto tok = sentencepiece_from_vocab(v, "tiny", true);
@@ -156,7 +156,7 @@ TEST(SentencePieceProto, DummyPrefixCanBeSwitchedOff) {
   EXPECT_EQ(tok->decode(tok->encode(" ab")), " ab");
 }
 
-TEST(SentencePieceProto, PieceSpanningASpaceStillWins) {
+TEST(TokenizerSpmProto, PieceSpanningASpaceStillWins) {
   // "b▁a" lets a merge cross a space, so the word-by-word memo must stay off for this vocabulary:
   // the ids must be those of encoding the whole text at once.
   SpmVocab v = tiny_spm_vocab();
@@ -172,7 +172,7 @@ TEST(SentencePieceProto, PieceSpanningASpaceStillWins) {
   EXPECT_EQ(tok->decode(ids), "ab ab");
 }
 
-TEST(SentencePieceProto, StreamingHoldsBackPartialCharacters) {
+TEST(TokenizerSpmProto, StreamingHoldsBackPartialCharacters) {
   const auto tok = sentencepiece_from_vocab(tiny_spm_vocab(), "tiny", true);
   const std::string text = "ab \xF0\x9F\x98\x80 ab";  // 😀 is four byte pieces
   const std::vector<int32_t> ids = tok->encode(text, {.add_bos = true});
@@ -183,7 +183,7 @@ TEST(SentencePieceProto, StreamingHoldsBackPartialCharacters) {
   EXPECT_NE(std::find(parts.begin(), parts.end(), "\xF0\x9F\x98\x80"), parts.end());
 }
 
-TEST(SentencePieceProto, ReaderRejectsTruncatedProto) {
+TEST(TokenizerSpmProto, ReaderRejectsTruncatedProto) {
   const std::string proto = serialize_spm_model_proto(tiny_spm_vocab());
   EXPECT_NO_THROW(read_spm_normalizer_flags(proto, "x.model"));
   const auto flags = read_spm_normalizer_flags(proto, "x.model");
@@ -216,7 +216,7 @@ std::string tiny_llama2c_bin() {
   return std::string(reinterpret_cast<const char*>(&max_len), 4) + body;
 }
 
-TEST(Llama2cVocab, ReadsPiecesAndInfersTypes) {
+TEST(TokenizerLlama2cBin, ReadsPiecesAndInfersTypes) {
   const fs::path path = temp_dir() / "tokenizer.bin";
   write_file(path, tiny_llama2c_bin());
   const SpmVocab v = read_llama2c_vocab(path);
@@ -232,7 +232,7 @@ TEST(Llama2cVocab, ReadsPiecesAndInfersTypes) {
   EXPECT_EQ(tok->encode("ab c"), (std::vector<int32_t>{264, 259, 3 + 0x63}));
 }
 
-TEST(Llama2cVocab, TruncatedOrMalformedFilesGiveClearErrors) {
+TEST(TokenizerLlama2cBin, TruncatedOrMalformedFilesGiveClearErrors) {
   const fs::path dir = temp_dir();
   const std::string good = tiny_llama2c_bin();
   const fs::path cut = dir / "cut.bin";
@@ -268,7 +268,7 @@ std::string tiny_tokenizer_json(const std::string& extra_added = "") {
               "merges": ["h e", "l l", "he ll", "hell o", "Ġ hello"]}})";
 }
 
-TEST(BpeJson, MergesByRankAndRoundTripsBytes) {
+TEST(TokenizerBpeJson, MergesByRankAndRoundTripsBytes) {
   const fs::path path = temp_dir() / "tokenizer.json";
   write_file(path, tiny_tokenizer_json());
   const auto tok = load_tokenizer(path);
@@ -281,7 +281,7 @@ TEST(BpeJson, MergesByRankAndRoundTripsBytes) {
     EXPECT_EQ(tok->decode(tok->encode(text)), text);
 }
 
-TEST(BpeJson, SpecialTokensOnlyWhenAskedNonSpecialAlways) {
+TEST(TokenizerBpeJson, SpecialTokensOnlyWhenAskedNonSpecialAlways) {
   const fs::path path = temp_dir() / "tokenizer.json";
   write_file(path, tiny_tokenizer_json(R"(, {"id": 262, "content": "[x]", "special": false})"));
   const auto tok = load_tokenizer(path);
@@ -295,7 +295,7 @@ TEST(BpeJson, SpecialTokensOnlyWhenAskedNonSpecialAlways) {
   EXPECT_EQ(tok->decode(special), "hello[x]");  // special tokens are invisible in text
 }
 
-TEST(BpeJson, StreamingHoldsBackPartialCharacters) {
+TEST(TokenizerBpeJson, StreamingHoldsBackPartialCharacters) {
   const fs::path path = temp_dir() / "tokenizer.json";
   write_file(path, tiny_tokenizer_json());
   const auto tok = load_tokenizer(path);
@@ -305,7 +305,7 @@ TEST(BpeJson, StreamingHoldsBackPartialCharacters) {
   for (const std::string& p : parts) EXPECT_TRUE(utf8::is_valid(p));
 }
 
-TEST(BpeJson, MalformedFilesGiveClearErrors) {
+TEST(TokenizerBpeJson, MalformedFilesGiveClearErrors) {
   const fs::path dir = temp_dir();
   const fs::path broken = dir / "broken.json";
   write_file(broken, tiny_tokenizer_json().substr(0, 500));
@@ -328,7 +328,7 @@ TEST(BpeJson, MalformedFilesGiveClearErrors) {
 
 // --- load_tokenizer dispatch and bad files -------------------------------------------------------
 
-TEST(LoadTokenizer, MissingEmptyAndGarbageFilesGiveClearErrors) {
+TEST(TokenizerLoad, MissingEmptyAndGarbageFilesGiveClearErrors) {
   const fs::path dir = temp_dir();
   expect_error([&] { load_tokenizer(dir / "nope.model"); }, dir / "nope.model", "no such");
   const fs::path empty = dir / "empty.model";
@@ -349,7 +349,7 @@ TEST(LoadTokenizer, MissingEmptyAndGarbageFilesGiveClearErrors) {
   expect_error([&] { load_tokenizer(gguf); }, gguf, "");
 }
 
-TEST(LoadTokenizer, DirectoryPicksTheTokenizerFile) {
+TEST(TokenizerLoad, DirectoryPicksTheTokenizerFile) {
   const fs::path dir = temp_dir();
   write_file(dir / "tokenizer.model", serialize_spm_model_proto(tiny_spm_vocab()));
   EXPECT_EQ(load_tokenizer(dir)->kind(), "sentencepiece");
