@@ -19,6 +19,7 @@ int run_run(const std::vector<std::string>& args);
 int run_validate(const std::vector<std::string>& args);
 int run_merge(const std::vector<std::string>& args);
 int run_report(const std::vector<std::string>& args);
+int run_model_info(const std::vector<std::string>& args);
 int run_generate(const std::vector<std::string>& args);
 int run_perplexity(const std::vector<std::string>& args);
 }  // namespace kvlab::cli
@@ -35,6 +36,7 @@ constexpr Command kCommands[] = {
     {"validate", "check an experiment YAML without running it", &kvlab::cli::run_validate},
     {"merge", "join the results files of sharded runs (kvlab run --shard I/N)", &kvlab::cli::run_merge},
     {"report", "print the summary tables of a results file", &kvlab::cli::run_report},
+    {"model-info", "architecture, shapes, dtypes, parameters and KV bytes/token of a model file", &kvlab::cli::run_model_info},
     {"generate", "stream a continuation of a prompt (sampling, --policy)", &kvlab::cli::run_generate},
     {"perplexity", "perplexity of a text file by the llama.cpp protocol (windows of --ctx)", &kvlab::cli::run_perplexity},
 };

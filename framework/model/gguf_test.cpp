@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <bit>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <string>
@@ -291,6 +293,82 @@ TEST(Gguf, MissingFileAndDirectory) {
   EXPECT_NE(msg.find("cannot open"), std::string::npos) << msg;
   EXPECT_NE(error_of(std::filesystem::temp_directory_path()).find("directory"), std::string::npos);
 }
+
+// The Python writer the fixtures use (scripts/fixtures/gguf_writer.py), read back by this reader.
+class PythonWriter : public ::testing::TestWithParam<std::tuple<int, int>> {};
+
+TEST_P(PythonWriter, EveryValueAndTensorTypeRoundTrips) {
+  const auto [version, alignment] = GetParam();
+  const auto path = temp_path("py_" + std::to_string(version) + "_" + std::to_string(alignment) + ".gguf");
+  const std::string cmd = std::string("/usr/bin/python3 ") + KVLAB_SOURCE_DIR +
+                          "/scripts/fixtures/gguf_writer_sample.py " + path.string() + " --version " +
+                          std::to_string(version) + " --alignment " + std::to_string(alignment);
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  const GgufFile f = GgufFile::open(path);
+  EXPECT_EQ(f.version(), static_cast<uint32_t>(version));
+  EXPECT_EQ(f.alignment(), static_cast<size_t>(alignment));
+  EXPECT_EQ(f.at("t.default_int").type(), GgufType::kInt32);
+  EXPECT_EQ(f.at("t.default_int").as_int(), -7);
+  EXPECT_EQ(f.at("t.float").type(), GgufType::kFloat32);
+  EXPECT_EQ(f.at("t.float").as_float(), 0.25);
+  EXPECT_TRUE(f.at("t.bool").as_bool());
+  EXPECT_EQ(f.at("t.string").as_string(), "h\xc3\xa9llo");
+  const std::pair<const char*, GgufType> ints[] = {
+      {"uint8", GgufType::kUint8},   {"int8", GgufType::kInt8},   {"uint16", GgufType::kUint16},
+      {"int16", GgufType::kInt16},   {"uint32", GgufType::kUint32}, {"int32", GgufType::kInt32},
+      {"uint64", GgufType::kUint64}, {"int64", GgufType::kInt64}};
+  for (int i = 0; i < 8; ++i) {
+    const GgufValue& v = f.at(std::string("t.") + ints[i].first);
+    EXPECT_EQ(v.type(), ints[i].second) << ints[i].first;
+    EXPECT_EQ(v.as_int(), ints[i].first[0] == 'u' ? 100 + i : -(100 + i)) << ints[i].first;
+  }
+  EXPECT_EQ(f.at("t.float64").type(), GgufType::kFloat64);
+  EXPECT_DOUBLE_EQ(f.at("t.float64").as_float(), 1.0 / 3.0);
+  EXPECT_EQ(f.at("t.list_int").array_type(), GgufType::kInt32);
+  EXPECT_EQ(f.at("t.list_int").as_ints(), (std::vector<int64_t>{1, 2, 3}));
+  EXPECT_EQ(f.at("t.list_str").as_strings(), (std::vector<std::string>{"a", "bc"}));
+  ASSERT_EQ(f.at("t.nested").as_arrays().size(), 2u);
+  EXPECT_EQ(f.at("t.nested").as_arrays()[0].as_ints(), (std::vector<int64_t>{1, 2}));
+  EXPECT_EQ(f.at("t.empty").array_type(), GgufType::kFloat32);
+  EXPECT_EQ(f.at("t.empty").array_size(), 0u);
+  EXPECT_EQ(f.at("t.u64s").as_ints(), (std::vector<int64_t>{1, int64_t{1} << 40}));
+  EXPECT_EQ(f.at("t.bools").as_ints(), (std::vector<int64_t>{1, 0}));
+
+  const GgmlType types[] = {GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16, GgmlType::kQ8_0};
+  const char* names[] = {"m.f32", "m.f16", "m.bf16", "m.q8_0"};
+  const size_t bytes[] = {3 * 64 * 4, 3 * 64 * 2, 3 * 64 * 2, 3 * 2 * 34};
+  for (int t = 0; t < 4; ++t) {
+    const GgufTensorInfo* info = f.find_tensor(names[t]);
+    ASSERT_NE(info, nullptr) << names[t];
+    EXPECT_EQ(info->type, types[t]);
+    EXPECT_EQ(info->ne, (std::vector<int64_t>{64, 3}));
+    EXPECT_EQ(info->n_bytes, bytes[t]);
+    EXPECT_EQ(info->offset % alignment, 0u);
+  }
+  // Exactly representable values (k/64 - 1) survive F32/F16/BF16 unchanged.
+  const auto* f32 = static_cast<const float*>(f.find_tensor("m.f32")->data);
+  const auto* f16 = static_cast<const uint16_t*>(f.find_tensor("m.f16")->data);
+  const auto* bf16 = static_cast<const uint16_t*>(f.find_tensor("m.bf16")->data);
+  for (int i = 0; i < 3 * 64; ++i) {
+    const float want = i / 64.0f - 1.0f;
+    EXPECT_EQ(f32[i], want);
+    EXPECT_EQ(static_cast<float>(std::bit_cast<_Float16>(f16[i])), want);
+    EXPECT_EQ(std::bit_cast<float>(static_cast<uint32_t>(bf16[i]) << 16), want);
+  }
+  // Q8_0: block 0 holds -1 .. -33/64: scale 1/127 in fp16, first quant -127.
+  const auto* q8 = static_cast<const uint8_t*>(f.find_tensor("m.q8_0")->data);
+  uint16_t d;
+  std::memcpy(&d, q8, 2);
+  EXPECT_NEAR(static_cast<float>(std::bit_cast<_Float16>(d)), 1.0f / 127.0f, 1e-5f);
+  EXPECT_EQ(static_cast<int8_t>(q8[2]), -127);
+  const auto* v = static_cast<const float*>(f.find_tensor("v.f32")->data);
+  EXPECT_EQ(f.find_tensor("v.f32")->ne, (std::vector<int64_t>{3}));
+  EXPECT_EQ(v[2], 3.25f);
+}
+
+INSTANTIATE_TEST_SUITE_P(VersionsAndAlignments, PythonWriter,
+                         ::testing::Values(std::make_tuple(3, 32), std::make_tuple(2, 32),
+                                           std::make_tuple(3, 64)));
 
 }  // namespace
 }  // namespace kvlab
