@@ -160,6 +160,7 @@ SeqId KvStore::fork(SeqId parent) {
     dst.positions = src.positions;
     dst.valid = src.valid;
     dst.live = src.live;
+    dst.rescan_blocks = src.rescan_blocks;
     refresh_view(dst);
   }
   return child;
@@ -231,6 +232,12 @@ int KvStore::append(SeqId seq, int layer, int64_t position, const float* k, cons
   const int32_t block = lc.blocks[slot / bs];
   KVLAB_CHECK(pool_.ref_count(block) == 1, "append into a shared block");
   const int H = config_.n_kv_heads, D = config_.head_dim;
+  // Order contract (policy.h): positions increase with the slot.
+  if (slot > 0)
+    for (int h = 0; h < H; ++h)
+      if (position <= lc.positions[static_cast<size_t>(slot - 1) * H + h])
+        fail("KvStore::append: sequence ", seq, " layer ", layer, ": position ", position,
+             " does not follow position ", lc.positions[static_cast<size_t>(slot - 1) * H + h]);
   float* kb = pool_.k(block);
   float* vb = pool_.v(block);
   for (int h = 0; h < H; ++h) {

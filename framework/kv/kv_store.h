@@ -92,7 +92,8 @@ class KvStore {
   int64_t blocks_needed(SeqId seq, int n_new) const;
 
   // Writes one token's K and V ([n_kv_heads, head_dim] each) for `layer` into the next slot,
-  // valid for every head, with text position `position`. Returns the slot. Requires a prior
+  // valid for every head, with text position `position`, which must exceed every position
+  // already in the layer (policy.h's order contract). Returns the slot. Requires a prior
   // successful reserve() covering it (Error otherwise).
   int append(SeqId seq, int layer, int64_t position, const float* k, const float* v);
 

@@ -126,6 +126,10 @@ TEST(KvStore, AppendAndReadBack) {
   expect_matches(store, s, model);
   EXPECT_EQ(store.stats().blocks_in_use, 2 * 3);  // ceil(11/4) blocks per layer
   EXPECT_THROW(store.append(s, 0, 111, model[0][0][0].k.data(), model[0][0][0].v.data()), Error);
+  ASSERT_EQ(store.reserve(s, 1), AllocStatus::kOk);
+  std::vector<float> kv_row(3 * 8, 0.f);
+  EXPECT_THROW(store.append(s, 0, 110, kv_row.data(), kv_row.data()), Error);  // not increasing
+  EXPECT_EQ(store.append(s, 0, 111, kv_row.data(), kv_row.data()), 11);
   EXPECT_THROW(store.layer(s, 2), Error);
   EXPECT_THROW(store.layer(s + 7, 0), Error);
 }
