@@ -11,6 +11,7 @@
 #include "framework/core/error.h"
 #include "framework/tokenizer/byte_level.h"
 #include "framework/tokenizer/llama2c_vocab.h"
+#include "framework/tokenizer/pretokenizer.h"
 #include "framework/tokenizer/sentencepiece_tokenizer.h"
 #include "framework/tokenizer/spm_model_proto.h"
 #include "framework/tokenizer/tokenizer.h"
@@ -96,6 +97,46 @@ TEST(TokenizerByteLevel, MapsEveryByteToOneCharacterAndBack) {
   EXPECT_EQ(byte_level::encode("A"), "A");
   std::string ignored;
   EXPECT_FALSE(byte_level::decode("\xE4\xB8\xAD", &ignored));  // 中 is not in the alphabet
+}
+
+// --- pre-tokenizer regexes (PCRE2) against python3-regex ------------------------------------------
+
+std::vector<std::string> split_with(const std::vector<std::string>& patterns, const std::string& text) {
+  const PreTokenizer pre(patterns, "test");
+  std::vector<std::string_view> pieces;
+  pre.split(text, pieces);
+  return {pieces.begin(), pieces.end()};
+}
+
+// Expected pieces: regex.findall(pattern, text) with python3-regex 2022.10 (Debian 12).
+const std::string kSplitText = "Hello 12345 world!!\n\n  I'M here's \xC3\xA9t\xC3\xA9 \xE4\xB8\xAD\xE6\x96\x87  \tx";
+
+TEST(TokenizerPreTokenizer, Gpt2PatternMatchesPythonRegex) {
+  EXPECT_EQ(split_with({std::string(kGpt2Pattern)}, kSplitText),
+            (std::vector<std::string>{"Hello", " 12345", " world", "!!", "\n\n ", " I", "'", "M", " here", "'s",
+                                      " \xC3\xA9t\xC3\xA9", " \xE4\xB8\xAD\xE6\x96\x87", "  ", "\t", "x"}));
+}
+
+TEST(TokenizerPreTokenizer, Llama3PatternMatchesPythonRegex) {
+  EXPECT_EQ(split_with({std::string(kLlama3Pattern)}, kSplitText),
+            (std::vector<std::string>{"Hello", " ", "123", "45", " world", "!!\n\n", " ", " I", "'M", " here", "'s",
+                                      " \xC3\xA9t\xC3\xA9", " \xE4\xB8\xAD\xE6\x96\x87", "  ", "\tx"}));
+}
+
+TEST(TokenizerPreTokenizer, Qwen2PatternMatchesPythonRegex) {
+  EXPECT_EQ(split_with({std::string(kQwen2Pattern)}, kSplitText),
+            (std::vector<std::string>{"Hello", " ", "1", "2", "3", "4", "5", " world", "!!\n\n", " ", " I", "'M",
+                                      " here", "'s", " \xC3\xA9t\xC3\xA9", " \xE4\xB8\xAD\xE6\x96\x87", "  ",
+                                      "\tx"}));
+}
+
+TEST(TokenizerPreTokenizer, StepsApplyInTurnAndInvalidBytesStayWhole) {
+  // SmolLM: digits one by one, then GPT-2's regex on each piece.
+  EXPECT_EQ(split_with({R"(\p{N})", std::string(kGpt2Pattern)}, "ab 123"),
+            (std::vector<std::string>{"ab", " ", "1", "2", "3"}));
+  EXPECT_EQ(split_with({std::string(kGpt2Pattern)}, "a \xFF\xFE b"),
+            (std::vector<std::string>{"a", " ", "\xFF\xFE", " b"}));
+  EXPECT_THROW(PreTokenizer({"(unclosed"}, "test"), Error);
 }
 
 // --- SentencePiece through a hand-made ModelProto -------------------------------------------------
