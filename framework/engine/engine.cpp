@@ -486,7 +486,9 @@ void Engine::attend(Group& g, int layer, float* q_rot, float* out) {
     a.key_mass = sc.key_mass.data();
   }
   a.out = out;
-  attention(a, pool_.size());
+  // small attention (short contexts, tiny models) on one thread: see kMinParallelBytes
+  const size_t kv_bytes_read = size_t{2} * kv.n_slots * kvd * sizeof(float) * static_cast<size_t>(g.n_rows);
+  attention(a, kv_bytes_read < kMinParallelBytes ? 1 : pool_.size());
 
   if (g.decode) {
     // keys read per KV head (= per query head, averaged) vs the budget

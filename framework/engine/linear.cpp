@@ -232,7 +232,12 @@ void linear(ThreadPool& pool, const float* x, int64_t n, std::initializer_list<L
     unit_begin[k + 1] = unit_begin[k] + (jobs.begin()[k].w.rows + unit - 1) / unit;
   if (static_cast<int>(scratch.panels.size()) < pool.size()) scratch.panels.resize(pool.size());
   const LinearJob* job_list = jobs.begin();
-  pool.parallel_for(unit_begin[n_jobs], [&](int64_t u0, int64_t u1, int thread) {
+  // Small work (tiny models) runs on the calling thread: a fork-join costs more than it saves,
+  // and far more when the cores are shared with other processes.
+  size_t work_bytes = 0;
+  for (const LinearJob& j : jobs) work_bytes += j.w.row_bytes() * static_cast<size_t>(j.w.rows);
+  work_bytes *= static_cast<size_t>(std::max<int64_t>(1, n));
+  auto body = [&](int64_t u0, int64_t u1, int thread) {
     for (size_t k = 0; k < n_jobs; ++k) {
       const int64_t lo = std::max(u0, unit_begin[k]), hi = std::min(u1, unit_begin[k + 1]);
       if (lo >= hi) continue;
@@ -241,7 +246,9 @@ void linear(ThreadPool& pool, const float* x, int64_t n, std::initializer_list<L
       const int64_t r1 = std::min(j.w.rows, (hi - unit_begin[k]) * unit);
       linear_slice(j, x, n, r0, r1, scratch.panels[thread]);
     }
-  });
+  };
+  if (work_bytes < kMinParallelBytes) body(0, unit_begin[n_jobs], 0);
+  else pool.parallel_for(unit_begin[n_jobs], body);
 }
 
 }  // namespace kvlab

@@ -33,6 +33,8 @@ class ThreadPool;
 
 // Decode batches up to this size use the matvec kernel; larger ones use sgemm.
 inline constexpr int kGemmMinTokens = 8;
+// Calls touching fewer weight bytes (x tokens) than this run on the calling thread alone.
+inline constexpr size_t kMinParallelBytes = size_t{128} << 10;
 
 // A weight matrix as the kernels see it (the engine makes one from a model's WeightView).
 struct Matrix {

@@ -95,19 +95,30 @@ TEST_P(LinearTypes, FusedJobsMatchReferenceForMatvecAndGemm) {
   for (int threads : {1, 2, 3}) {
     ThreadPool pool(threads);
     for (int64_t n : {1, 2, kGemmMinTokens - 1, kGemmMinTokens, 37}) {
-      const int64_t cols = 96;
+      const int64_t cols = 128;
+      // a and b are small; c is big enough (> kMinParallelBytes in every dtype) to be split
+      // across the pool's threads
       Stored a = make_matrix(type, 23, cols, rng), b = make_matrix(type, 9, cols, rng);
+      Stored c = make_matrix(type, 1203, cols, rng);
       auto bias = random_vec(9, rng);
       auto x = random_vec(n * cols, rng);
-      std::vector<float> ya(n * 23, NAN), yb(n * 9, NAN), wa(n * 23), wb(n * 9);
+      std::vector<float> ya(n * 23, NAN), yb(n * 9, NAN), yc(n * 1203, NAN), wa(n * 23), wb(n * 9), wc(n * 1203);
       LinearScratch scratch;
-      linear(pool, x.data(), n, {{a.m, ya.data(), nullptr}, {b.m, yb.data(), bias.data()}}, scratch);
       linear_reference(a.m, x.data(), n, wa.data(), 0, 23);
       linear_reference(b.m, x.data(), n, wb.data(), 0, 9);
+      linear_reference(c.m, x.data(), n, wc.data(), 0, 1203);
       for (int64_t t = 0; t < n; ++t)
         for (int r = 0; r < 9; ++r) wb[t * 9 + r] += bias[r];
       SCOPED_TRACE(testing::Message() << "threads " << threads << " n " << n);
+      linear(pool, x.data(), n, {{a.m, ya.data(), nullptr}, {b.m, yb.data(), bias.data()}}, scratch);
       expect_close(ya, wa, cols);
+      expect_close(yb, wb, cols);
+      std::fill(ya.begin(), ya.end(), NAN);
+      std::fill(yb.begin(), yb.end(), NAN);
+      linear(pool, x.data(), n, {{a.m, ya.data(), nullptr}, {c.m, yc.data(), nullptr}, {b.m, yb.data(), bias.data()}},
+             scratch);
+      expect_close(ya, wa, cols);
+      expect_close(yc, wc, cols);
       expect_close(yb, wb, cols);
     }
   }
