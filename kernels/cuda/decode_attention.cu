@@ -43,7 +43,7 @@ struct DecodeTileShape {
   static constexpr size_t kSmemBytes = kKvBytes + sizeof(float) * (kMaxGroup * kHeadDim  // q
                                                                    + kMaxGroup * kTile   // p
                                                                    + 3 * kMaxGroup)      // alpha, m, l
-                                       + sizeof(int) * kStages * kTile;                  // ok
+                                       + sizeof(int) * kStages * kTile;                  // pos
   static_assert(kHeadDim % kVec == 0 && kThreads % kPairs == 0 && kTile % kKeyGroups == 0);
   static_assert((kTile * kRowChunks) % kThreads == 0);
   static_assert(kKvBytes >= sizeof(float) * kKeyGroups * kMaxGroup * kHeadDim,
@@ -65,7 +65,7 @@ decode_partial_kernel(const DecodeParams<T> p, const int group, const int keys_p
   float* alpha_s = p_s + kMaxGroup * kTile;                     // [kMaxGroup]
   float* m_s = alpha_s + kMaxGroup;                             // [kMaxGroup]
   float* l_s = m_s + kMaxGroup;                                 // [kMaxGroup]
-  int* ok_s = reinterpret_cast<int*>(l_s + kMaxGroup);          // [kStages][kTile]
+  int* pos_s = reinterpret_cast<int*>(l_s + kMaxGroup);         // [kStages][kTile] key positions
 
   const int split = blockIdx.x, kv_head = blockIdx.y, b = blockIdx.z;
   const int num_kv_heads = p.kv.num_kv_heads;
@@ -80,7 +80,10 @@ decode_partial_kernel(const DecodeParams<T> p, const int group, const int keys_p
   for (int e = tid; e < group * kHeadDim; e += kThreads)
     q_s[e] = p.q[(size_t(b) * p.num_qo_heads + qo_head0) * kHeadDim + e] * p.scale;
 
-  // Issues the copies of the selected keys [n0, n0 + kTile) into a stage.
+  // Issues the copies of the selected keys [n0, n0 + kTile) into a stage: K and V rows and each
+  // key's position (copied asynchronously too, so no load waits on the position). Rows past the
+  // split read as zeros; holes and masked keys are copied (finite data of a live page) and get
+  // -inf scores from the position test at compute time.
   auto load_tile = [&](int stage, int n0) {
     int range = -1;  // this thread's cursor in the selection's ranges
 #pragma unroll
@@ -88,24 +91,28 @@ decode_partial_kernel(const DecodeParams<T> p, const int group, const int keys_p
       const int c = tid + i * kThreads;
       const int row = c / Shape::kRowChunks, col = c % Shape::kRowChunks;
       const int n = n0 + row;
-      bool ok = n < span.end;
-      size_t src = 0;
-      if (ok) {
-        int slot = n;
+      const bool in_split = n < span.end;
+      int slot = 0;
+      if (in_split) {
+        slot = n;
         if (!p.sel.all()) {  // rows grow with i: one search, then walk the ranges forward
           range = range < 0 ? p.sel.range_of(list, n) : p.sel.advance(range, n);
           slot = p.sel.slot_in_range(range, n);
         }
-        const int64_t pos = p.kv_pos != nullptr ? p.kv_pos[p.kv.slot_meta_offset(b, slot, kv_head)]
-                                                : slot;
-        ok = pos >= 0 && p.mask(q_pos, pos);
-        src = p.kv.slot_offset(b, slot, kv_head) + size_t(col) * Shape::kVec;
       }
+      const size_t src = in_split ? p.kv.slot_offset(b, slot, kv_head) + size_t(col) * Shape::kVec : 0;
       const size_t dst = size_t(stage) * Shape::kStageElems + size_t(row) * Shape::kRowStride +
                          size_t(col) * Shape::kVec;
-      cp_async_16(k_tile + dst, p.kv.k_data + src, ok);
-      cp_async_16(v_tile + dst, p.kv.v_data + src, ok);
-      if (col == 0) ok_s[stage * kTile + row] = ok;
+      cp_async_16(k_tile + dst, p.kv.k_data + src, in_split);
+      cp_async_16(v_tile + dst, p.kv.v_data + src, in_split);
+      if (col == 0) {
+        if (p.kv_pos != nullptr) {
+          cp_async_4(pos_s + stage * kTile + row,
+                     p.kv_pos + (in_split ? p.kv.slot_meta_offset(b, slot, kv_head) : 0), in_split);
+        } else {
+          pos_s[stage * kTile + row] = slot;
+        }
+      }
     }
   };
 
@@ -128,7 +135,8 @@ decode_partial_kernel(const DecodeParams<T> p, const int group, const int keys_p
 
     // Scores and the online-softmax step, one key per lane, two heads per warp.
     const T* k_row = k_tile + size_t(stage) * Shape::kStageElems + size_t(lane) * Shape::kRowStride;
-    const bool key_ok = ok_s[stage * kTile + lane] != 0;
+    const int key_pos = pos_s[stage * kTile + lane];
+    const bool key_ok = n0 + lane < span.end && key_pos >= 0 && p.mask(q_pos, key_pos);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int g = warp + h * kWarps;

@@ -123,6 +123,8 @@ __global__ void __launch_bounds__(kThreads) prefill_kernel(const PrefillParams<T
                       : p.q;
     cp_async_16(q_s + row * Shape::kStride + col * Shape::kVec, src, ok);
   }
+  // K, V rows and key positions of the selected keys [n0, n0 + kKeys), all asynchronous; rows
+  // past n_end read as zeros and are masked at compute time (n0 + col < n_end).
   auto load_tile = [&](int stage, int n0) {
     int range = -1;  // this thread's cursor in the selection's ranges
 #pragma unroll
@@ -130,23 +132,27 @@ __global__ void __launch_bounds__(kThreads) prefill_kernel(const PrefillParams<T
       const int c = tid + i * kThreads;
       const int row = c / Shape::kRowChunks, col = c % Shape::kRowChunks;
       const int n = n0 + row;
-      bool ok = n < n_end;
-      int pos = -1;
-      size_t src = 0;
-      if (ok) {
-        int slot = n;
+      const bool in_range = n < n_end;
+      int slot = 0;
+      if (in_range) {
+        slot = n;
         if (!p.sel.all()) {  // rows grow with i: one search, then walk the ranges forward
           range = range < 0 ? p.sel.range_of(list, n) : p.sel.advance(range, n);
           slot = p.sel.slot_in_range(range, n);
         }
-        pos = p.kv_pos != nullptr ? p.kv_pos[p.kv.slot_meta_offset(b, slot, kv_head)] : slot;
-        ok = pos >= 0;
-        src = p.kv.slot_offset(b, slot, kv_head) + size_t(col) * Shape::kVec;
       }
+      const size_t src = in_range ? p.kv.slot_offset(b, slot, kv_head) + size_t(col) * Shape::kVec : 0;
       const size_t dst = size_t(stage) * Shape::kTileElems + row * Shape::kStride + col * Shape::kVec;
-      cp_async_16(k_s + dst, p.kv.k_data + src, ok);
-      cp_async_16(v_s + dst, p.kv.v_data + src, ok);
-      if (col == 0) kpos_s[stage * kKeys + row] = ok ? pos : -1;
+      cp_async_16(k_s + dst, p.kv.k_data + src, in_range);
+      cp_async_16(v_s + dst, p.kv.v_data + src, in_range);
+      if (col == 0) {
+        if (p.kv_pos != nullptr) {
+          cp_async_4(kpos_s + stage * kKeys + row,
+                     p.kv_pos + (in_range ? p.kv.slot_meta_offset(b, slot, kv_head) : 0), in_range);
+        } else {
+          kpos_s[stage * kKeys + row] = slot;
+        }
+      }
     }
   };
 
@@ -210,8 +216,9 @@ __global__ void __launch_bounds__(kThreads) prefill_kernel(const PrefillParams<T
       for (int e = 0; e < 4; ++e) {
         float x = s[j][e] * p.scale;
         if (!full_tile) {
-          const int key_pos = kpos[8 * j + 2 * t + (e & 1)];
-          if (key_pos < 0 || !p.mask(e < 2 ? pos_a : pos_b, key_pos)) x = kNegInf;
+          const int col = 8 * j + 2 * t + (e & 1);
+          const int key_pos = kpos[col];
+          if (n0 + col >= n_end || key_pos < 0 || !p.mask(e < 2 ? pos_a : pos_b, key_pos)) x = kNegInf;
         }
         s[j][e] = x;
         row_max[e >> 1] = fmaxf(row_max[e >> 1], x);
