@@ -15,6 +15,7 @@ packages=(
   libhdf5-dev                    # results files
   libsentencepiece-dev           # SentencePiece tokenizers
   libpcre2-dev                   # byte-level BPE pre-tokenizer regex
+  libicu-dev                     # NFC normalizer of byte-level BPE tokenizers (Qwen2)
   libopenblas-dev                # prefill GEMMs
   nlohmann-json3-dev             # tokenizer.json, config.json, safetensors headers
   python3-numpy python3-regex python3-sentencepiece   # independent references in tests

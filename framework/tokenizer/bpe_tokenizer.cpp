@@ -5,6 +5,7 @@
 
 #include "framework/core/error.h"
 #include "framework/tokenizer/byte_level.h"
+#include "framework/tokenizer/unicode_nfc.h"
 #include "framework/tokenizer/utf8.h"
 
 namespace kvlab {
@@ -13,6 +14,7 @@ BpeTokenizer::BpeTokenizer(BpeVocab vocab, const std::string& source)
     : source_(source), pre_(vocab.pre_patterns, source) {
   add_prefix_space_ = vocab.add_prefix_space;
   ignore_merges_ = vocab.ignore_merges;
+  nfc_ = vocab.nfc;
   add_bos_ = vocab.add_bos;
 
   // The vocabulary spans the model's tokens and the added tokens (which may extend it).
@@ -103,6 +105,11 @@ std::vector<int32_t> BpeTokenizer::encode(std::string_view text, const EncodeOpt
 
 void BpeTokenizer::encode_text(std::string_view text, bool at_start, std::vector<int32_t>& out) const {
   if (text.empty()) return;
+  std::string normalized;
+  if (nfc_) {
+    normalized = nfc_normalize(text);
+    text = normalized;
+  }
   std::string prefixed;
   if (add_prefix_space_ && at_start && text[0] != ' ') {
     prefixed = " " + std::string(text);

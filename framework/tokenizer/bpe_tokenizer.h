@@ -2,7 +2,8 @@
 //
 // encode(text):
 //   1. cut the text at added tokens (special ones only with parse_special; others always);
-//   2. pre-tokenize each remaining stretch into words (pretokenizer.h);
+//   2. NFC-normalize each remaining stretch when the vocabulary asks for it (then decode gives
+//      the normalized text back), and pre-tokenize it into words (pretokenizer.h);
 //   3. per word: start from one symbol per byte (the byte-level token of that byte), then merge
 //      adjacent symbols, always the pair of lowest merge rank first (leftmost among equals),
 //      until no adjacent pair has a merge. With ignore_merges (Llama 3), a word that is itself
@@ -37,6 +38,7 @@ struct BpeVocab {
   std::vector<std::string> pre_patterns;  // PreTokenizer steps
   bool add_prefix_space = false;  // ByteLevel(add_prefix_space): " " before a text not starting with one
   bool ignore_merges = false;
+  bool nfc = false;  // NFC-normalize text (outside added tokens) before pre-tokenizing (Qwen2)
   int32_t bos_id = -1, eos_id = -1;
   bool add_bos = false;
 };
@@ -81,7 +83,7 @@ class BpeTokenizer final : public Tokenizer {
   std::vector<BpeAddedToken> added_;            // longest content first
   std::array<bool, 256> added_first_byte_{};    // some added token starts with this byte
   PreTokenizer pre_;
-  bool add_prefix_space_ = false, ignore_merges_ = false;
+  bool add_prefix_space_ = false, ignore_merges_ = false, nfc_ = false;
   int32_t bos_id_ = -1, eos_id_ = -1;
   bool add_bos_ = false;
 

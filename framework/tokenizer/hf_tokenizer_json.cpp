@@ -41,8 +41,7 @@ class TokenizerJsonReader {
     read_model(field(root, "model", "model"));
     if (root.contains("added_tokens")) read_added(root["added_tokens"]);
     if (root.contains("normalizer") && !root["normalizer"].is_null())
-      bad("normalizer", "null (normalizer type '" + root["normalizer"].value("type", "?") +
-                            "' is not supported)");
+      read_normalizer(root["normalizer"], "normalizer");
     if (!root.contains("pre_tokenizer") || root["pre_tokenizer"].is_null())
       bad("pre_tokenizer", "a ByteLevel pre-tokenizer (only byte-level BPE is supported; for a "
                            "SentencePiece vocabulary use tokenizer.model)");
@@ -115,6 +114,21 @@ class TokenizerJsonReader {
       token.content = string_at(t, "content", key + ".content");
       token.special = t.value("special", false);
       vocab_.added.push_back(std::move(token));
+    }
+  }
+
+  // null, NFC, or a Sequence of NFC: anything else would change ids in ways not implemented.
+  void read_normalizer(const Json& normalizer, const std::string& key) {
+    const std::string type = string_at(normalizer, "type", key + ".type");
+    if (type == "NFC") {
+      vocab_.nfc = true;
+    } else if (type == "Sequence") {
+      const Json& steps = field(normalizer, "normalizers", key + ".normalizers");
+      if (!steps.is_array()) bad(key + ".normalizers", "an array");
+      for (size_t k = 0; k < steps.size(); ++k)
+        read_normalizer(steps[k], key + ".normalizers[" + std::to_string(k) + "]");
+    } else {
+      bad(key + ".type", "null or \"NFC\" (normalizer \"" + type + "\" is not supported)");
     }
   }
 

@@ -336,6 +336,22 @@ TEST(TokenizerBpeJson, SpecialTokensOnlyWhenAskedNonSpecialAlways) {
   EXPECT_EQ(tok->decode(special), "hello[x]");  // special tokens are invisible in text
 }
 
+TEST(TokenizerBpeJson, NfcNormalizerComposesCharacters) {
+  const fs::path dir = temp_dir();
+  std::string json = tiny_tokenizer_json();
+  const std::string null_normalizer = R"("normalizer": null)";
+  json.replace(json.find(null_normalizer), null_normalizer.size(), R"("normalizer": {"type": "NFC"})");
+  write_file(dir / "tokenizer.json", json);
+  const auto tok = load_tokenizer(dir / "tokenizer.json");
+  // "e" + U+0301 (CC 81) composes to U+00E9 (C3 A9); invalid bytes pass through untouched.
+  EXPECT_EQ(tok->encode("e\xCC\x81"), (std::vector<int32_t>{0xC3, 0xA9}));
+  EXPECT_EQ(tok->decode(tok->encode("x\xFF" "e\xCC\x81")), "x\xFF\xC3\xA9");
+  EXPECT_EQ(tok->decode(tok->encode("hello world")), "hello world");
+  json.replace(json.find(R"({"type": "NFC"})"), 15, R"({"type": "Lowercase"})");
+  write_file(dir / "lower.json", json);
+  expect_error([&] { load_tokenizer(dir / "lower.json"); }, dir / "lower.json", "normalizer.type");
+}
+
 TEST(TokenizerBpeJson, StreamingHoldsBackPartialCharacters) {
   const fs::path path = temp_dir() / "tokenizer.json";
   write_file(path, tiny_tokenizer_json());
