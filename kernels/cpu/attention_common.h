@@ -22,7 +22,9 @@ inline void check_attention_args(const AttentionArgs& a) {
     bad("LayerKv shape differs from the arguments");
   if (a.n_rows > 0 && (a.q == nullptr || a.q_positions == nullptr || a.out == nullptr))
     bad("q, q_positions and out are required");
-  if ((a.rope == nullptr) != (a.key_rope_pos == nullptr)) bad("rope and key_rope_pos go together");
+  if (a.rope == nullptr && a.key_rope_pos != nullptr) bad("key_rope_pos without a rope table");
+  if (a.rope != nullptr && a.key_rope_pos == nullptr && a.kv.n_slots > 0)
+    bad("rope at read needs key_rope_pos");
   if (a.rope != nullptr && a.rope->head_dim() != a.head_dim) bad("rope table head_dim differs");
   if (!selection_is_all(a)) {
     const KeySelection& s = *a.selection;

@@ -154,6 +154,15 @@ TEST(Attention, TiledEqualsNaiveSweep) {
         const int64_t maxp = cache.max_position();
         for (int r = 0; r < rows; ++r) qpos[r] = (rng() % 4 == 0) ? -1 : static_cast<int64_t>(rng() % (maxp + 2));
         const KeySelection sel = random_selection(rows, H, n_slots, rng);
+        // Rope at read in some cases (odd D has no RoPE: D = 20 is even, fine), ranks as positions,
+        // with a table shorter than the ranks so both table and direct paths run.
+        RopeConfig rc;
+        rc.layout = (rng() % 2) ? RopeLayout::kNeox : RopeLayout::kInterleaved;
+        rc.head_dim = D;
+        const RopeTable table(rc, 50);
+        std::vector<int32_t> rank(static_cast<size_t>(n_slots) * H);
+        cache_rank_positions(cache.layer(), rank.data());
+        const bool rope_at_read = rng() % 3 == 0;
         for (int mode = 0; mode < 2; ++mode) {
           AttentionArgs a;
           a.q = q.data();
@@ -167,6 +176,10 @@ TEST(Attention, TiledEqualsNaiveSweep) {
           a.scale = 1.f / std::sqrt(static_cast<float>(D));
           float dummy = 0;
           a.key_mass = (rng() % 2) ? &dummy : nullptr;  // run() substitutes a real buffer
+          if (rope_at_read) {
+            a.rope = &table;
+            a.key_rope_pos = rank.data();
+          }
           const Outputs ref = run(a, false, 1);
           Outputs first;
           for (int threads : {1, 2}) {
@@ -180,6 +193,7 @@ TEST(Attention, TiledEqualsNaiveSweep) {
             expect_close(ref, got, "bs " + std::to_string(bs) + " D " + std::to_string(D) + " G " +
                                        std::to_string(G) + " H " + std::to_string(H) + " n " +
                                        std::to_string(n_slots) + " mode " + std::to_string(mode) +
+                                       " rope " + std::to_string(rope_at_read) +
                                        " threads " + std::to_string(threads));
             if (HasFatalFailure()) return;
           }
