@@ -46,6 +46,9 @@ RopeConfig rope_config(const ModelConfig& c) {
   return r;
 }
 
+// Rows of a prefill chunk pushed through the feed-forward block at once.
+constexpr int kFfnRows = 128;
+
 // A table for the usual contexts; positions beyond are computed on the fly (identical values).
 constexpr int64_t kMaxRopeTablePositions = 32768;
 
@@ -148,7 +151,8 @@ struct Engine::Scratch {
     if (x.size() >= r * c.dim) return;
     x.resize(r * c.dim), h.resize(r * c.dim), tmp.resize(r * c.dim);
     q.resize(r * qd), att.resize(r * qd), k.resize(r * kvd), v.resize(r * kvd);
-    gate.resize(r * c.hidden_dim), up.resize(r * c.hidden_dim);
+    const size_t ffn_rows = std::min<size_t>(r, kFfnRows);
+    gate.resize(ffn_rows * c.hidden_dim), up.resize(ffn_rows * c.hidden_dim);
   }
 };
 
@@ -376,7 +380,7 @@ void Engine::forward(std::span<Group> groups, int n_rows, std::span<const int> l
   const ModelConfig& c = config();
   Scratch& sc = *scratch_;
   const int dim = c.dim, hd = c.head_dim;
-  const int qd = c.n_heads * hd, kvd = c.n_kv_heads * hd;
+  const int qd = c.n_heads * hd;
   float* x = sc.x.data();
   float* h = sc.h.data();
   for (int l = 0; l < c.n_layers; ++l) {
@@ -392,15 +396,18 @@ void Engine::forward(std::span<Group> groups, int n_rows, std::span<const int> l
                                    sc.att.data() + static_cast<size_t>(g.row0) * qd);
     linear(pool_, sc.att.data(), n_rows, {{as_matrix(w.wo), sc.tmp.data(), nullptr}}, sc.linear);
     add_inplace(x, sc.tmp.data(), static_cast<int64_t>(n_rows) * dim);
-    // feed-forward block
-    for (int r = 0; r < n_rows; ++r) rms_norm(x + r * dim, w.ffn_norm.data(), dim, c.rms_eps, h + r * dim);
-    linear(pool_, h, n_rows,
-           {{as_matrix(w.w_gate), sc.gate.data(), nullptr}, {as_matrix(w.w_up), sc.up.data(), nullptr}},
-           sc.linear);
-    swiglu(sc.gate.data(), sc.up.data(), static_cast<int64_t>(n_rows) * c.hidden_dim);
-    linear(pool_, sc.gate.data(), n_rows, {{as_matrix(w.w_down), sc.tmp.data(), nullptr}}, sc.linear);
-    add_inplace(x, sc.tmp.data(), static_cast<int64_t>(n_rows) * dim);
-    (void)kvd;
+    // feed-forward block, kFfnRows rows at a time (bounds the [rows, hidden] buffers)
+    for (int r0 = 0; r0 < n_rows; r0 += kFfnRows) {
+      const int nr = std::min(kFfnRows, n_rows - r0);
+      float* xr = x + static_cast<size_t>(r0) * dim;
+      for (int r = 0; r < nr; ++r) rms_norm(xr + r * dim, w.ffn_norm.data(), dim, c.rms_eps, h + r * dim);
+      linear(pool_, h, nr,
+             {{as_matrix(w.w_gate), sc.gate.data(), nullptr}, {as_matrix(w.w_up), sc.up.data(), nullptr}},
+             sc.linear);
+      swiglu(sc.gate.data(), sc.up.data(), static_cast<int64_t>(nr) * c.hidden_dim);
+      linear(pool_, sc.gate.data(), nr, {{as_matrix(w.w_down), sc.tmp.data(), nullptr}}, sc.linear);
+      add_inplace(xr, sc.tmp.data(), static_cast<int64_t>(nr) * dim);
+    }
   }
   if (logit_rows.empty()) return;
   const int n_out = static_cast<int>(logit_rows.size());

@@ -207,6 +207,22 @@ TEST(Engine, PrefillAndDecodeMatchTheReference) {
   }
 }
 
+TEST(Engine, LongPrefillChunkMatchesTheReference) {
+  // 300 rows in one chunk: the feed-forward block runs in several row blocks, and the dense
+  // layers take the sgemm path
+  ModelConfig c = tiny_config();
+  c.max_seq_len = 320;
+  auto model = make_random_model(c, DType::kF32, 31);
+  const auto tokens = random_tokens(300, c.vocab_size, 32);
+  EngineOptions o;
+  o.prefill_chunk_tokens = 512;
+  o.threads = 2;
+  Engine e(*model, o);
+  std::vector<float> got;
+  ASSERT_EQ(e.prefill(e.start_sequence(), tokens, got, true), StepStatus::kOk);
+  EXPECT_LE(max_abs_diff(got, reference_logits(*model, tokens)), kTol);
+}
+
 TEST(Engine, LastLogitsOnlyAndPrefillThenDecode) {
   auto model = make_random_model(tiny_config(), DType::kF32, 3);
   const int V = model->config.vocab_size;
