@@ -5,9 +5,9 @@
 //   A (16x16, row): a0 = (g, 2t..2t+1)  a1 = (g+8, 2t..)  a2 = (g, 2t+8..)  a3 = (g+8, 2t+8..)
 //   B (16x8, col):  b0 = (k 2t..2t+1, n g)  b1 = (k 2t+8..2t+9, n g)
 //   C (16x8):       c0,c1 = (g, 2t..2t+1)  c2,c3 = (g+8, 2t..2t+1)
-// So S = Q K^T takes B straight from K rows in shared memory (32-bit loads), and the C tiles of
-// two neighbouring 8-key blocks of P = exp(S - m) are exactly the A fragment of the next MMA
-// (P V), which never leaves registers. Each thread holds two rows (g, g + 8): their running max
+// So S = Q K^T takes B straight from K rows in shared memory (32-bit loads), the C tiles of two
+// neighbouring 8-key blocks of P = exp(S - m) are exactly the A fragment of the next MMA (P V),
+// which never leaves registers, and V's B fragments come from ldmatrix.trans of V rows. Each thread holds two rows (g, g + 8): their running max
 // is reduced over the 4 threads of a quad; their denominators stay per thread until the end.
 #include "kernels/cuda/prefill_attention.h"
 
@@ -39,10 +39,10 @@ struct PrefillShape {
   static constexpr int kQkSteps = kHeadDim / 16;     // k-steps of S = Q K^T
   static constexpr int kKeyBlocks = kKeys / 8;       // n-tiles of S
   static constexpr int kPvSteps = kKeys / 16;        // k-steps of O = P V
-  static constexpr int kOutBlocks = kHeadDim / 8;    // n-tiles of O
+  static constexpr int kOutBlocks = kHeadDim / 8;    // n-tiles of O (loaded two at a time)
   static constexpr size_t kSmemBytes =
       sizeof(T) * size_t(kTileElems) * (1 + 2 * kStages) + sizeof(int) * kStages * kKeys;
-  static_assert(kRows == kKeys && (kRows * kRowChunks) % kThreads == 0);
+  static_assert(kRows == kKeys && (kRows * kRowChunks) % kThreads == 0 && kOutBlocks % 2 == 0);
 };
 
 template <class T>
@@ -74,11 +74,15 @@ __device__ __forceinline__ uint32_t pack_floats(float lo, float hi) {
     return *reinterpret_cast<const uint32_t*>(&v);
   }
 }
-// Two 16-bit elements from different rows -> one register.
-template <class T>
-__device__ __forceinline__ uint32_t pack_elems(const T* lo, const T* hi) {
-  return uint32_t(*reinterpret_cast<const uint16_t*>(lo)) |
-         (uint32_t(*reinterpret_cast<const uint16_t*>(hi)) << 16);
+// Four 8x8 tiles of 16-bit elements from shared memory, transposed: lane L gives the address
+// of row L % 8 of tile L / 8 (16 contiguous bytes); register i receives, for tile i, the
+// elements (row 2t, col g) and (row 2t + 1, col g), g = lane / 4, t = lane % 4: exactly the B
+// fragment (k = 2t..2t+1, n = g) of m16n8k16 when the tile's rows are k and its columns n.
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* row_addr) {
+  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(row_addr));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a));
 }
 template <class T>
 __device__ __forceinline__ uint32_t load_pair(const T* p) {
@@ -254,12 +258,16 @@ __global__ void __launch_bounds__(kThreads) prefill_kernel(const PrefillParams<T
                              pack_floats<T>(s[2 * kk][2], s[2 * kk][3]),
                              pack_floats<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
                              pack_floats<T>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-      const T* v0 = vs + (16 * kk + 2 * t) * Shape::kStride + g;
+      // Tiles of V rows 16kk + {0..7, 8..15} x features 8dn.. and 8(dn + 1)..: the B fragments
+      // (b0, b1) of output blocks dn and dn + 1. Lane L addresses tile L / 8, row L % 8.
+      const int tile = lane / 8;
+      const T* v_row = vs + (16 * kk + (tile & 1) * 8 + (lane & 7)) * Shape::kStride + 8 * (tile >> 1);
 #pragma unroll
-      for (int dn = 0; dn < Shape::kOutBlocks; ++dn) {
-        const T* v = v0 + 8 * dn;
-        mma_16816<T>(o[dn], a, pack_elems(v, v + Shape::kStride),
-                     pack_elems(v + 8 * Shape::kStride, v + 9 * Shape::kStride));
+      for (int dn = 0; dn < Shape::kOutBlocks; dn += 2) {
+        uint32_t bv[4];
+        ldmatrix_x4_trans(bv, v_row + 8 * dn);
+        mma_16816<T>(o[dn], a, bv[0], bv[1]);
+        mma_16816<T>(o[dn + 1], a, bv[2], bv[3]);
       }
     }
     __syncthreads();  // this stage is refilled next
