@@ -124,7 +124,9 @@ TEST_F(FixtureLogits, HfMatchesTheNumpyReference) {
     const auto& files = f.meta["files"];
     const auto hf = load(f.dir / files["hf"].get<std::string>());
     const int V = hf->config.vocab_size;
-    for (const auto& seq : f.sequences) {
+    // the two longest sequences (the short ones add a python start-up each and little else)
+    for (size_t k = f.sequences.size() >= 2 ? f.sequences.size() - 2 : 0; k < f.sequences.size(); ++k) {
+      const auto& seq = f.sequences[k];
       SCOPED_TRACE(f.dir.filename().string() + ", " + std::to_string(seq.size()) + " tokens");
       EXPECT_LE(max_abs_diff(engine_logits(*hf, seq), reference_logits(f.dir / files["hf"].get<std::string>(), seq, V)), 1e-4f);
     }

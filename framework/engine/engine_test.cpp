@@ -274,7 +274,12 @@ INSTANTIATE_TEST_SUITE_P(
                       ShapeCase{8, 2, 8, DType::kF32, true, RopeStyle::kNeox},            // G=4, bias
                       ShapeCase{2, 2, 32, DType::kF16, false, RopeStyle::kInterleaved},
                       ShapeCase{4, 2, 16, DType::kBF16, true, RopeStyle::kInterleaved},
-                      ShapeCase{4, 2, 16, DType::kQ8_0, false, RopeStyle::kNeox}));
+                      ShapeCase{4, 2, 16, DType::kQ8_0, false, RopeStyle::kNeox}),
+    [](const ::testing::TestParamInfo<ShapeCase>& info) {
+      const ShapeCase& p = info.param;
+      return str_cat("h", p.n_heads, "_kv", p.n_kv_heads, "_hd", p.head_dim, "_", dtype_name(p.dtype),
+                     p.bias ? "_bias" : "", p.rope == RopeStyle::kNeox ? "_neox" : "_interleaved");
+    });
 
 TEST(Engine, PagedMatchesContiguousAndChunkSizesAgree) {
   auto model = make_random_model(tiny_config(), DType::kF32, 7);
