@@ -128,8 +128,9 @@ TEST_F(LandmarkGpu, TopKMatchesReference) {
               for (int i = k; i < p.top_k; ++i) ASSERT_EQ(sel[list * p.top_k + i], -1);
               // Same set as the reference, up to float rounding at the k-th place: every chosen
               // chunk scores at least the reference k-th score minus a small tolerance.
-              if (b == 2 && std::count(got.begin(), got.end(), 9) == 1)
+              if (b == 2 && std::count(got.begin(), got.end(), 9) == 1) {
                 ASSERT_EQ(std::count(got.begin(), got.end(), 5), 1) << "tie must go to the lower chunk";
+              }
               if (k > 0 && k < n) {
                 const double kth = score[order[k - 1]];
                 for (int c : got) ASSERT_GE(score[c], kth - 1e-4) << "trial " << trial << " chunk " << c;
