@@ -134,12 +134,14 @@ inline void dot_rows_q8(const uint8_t* const* rows, const float* x, int64_t cols
       uint16_t dh;
       std::memcpy(&dh, p, 2);
       const __m256 d = _mm256_set1_ps(_cvtsh_ss(dh));
-      const __m128i q01 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2));
-      const __m128i q23 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 18));
-      __m256 s = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q01)), x0);
-      s = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q01, 8))), x1, s);
-      s = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q23)), x2, s);
-      s = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q23, 8))), x3, s);
+      // 8 int8 -> 8 fp32 (the 8-byte load folds into vpmovsxbd)
+      auto q8 = [p](int k) {
+        return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 2 + 8 * k))));
+      };
+      __m256 s = _mm256_mul_ps(q8(0), x0);
+      s = _mm256_fmadd_ps(q8(1), x1, s);
+      s = _mm256_fmadd_ps(q8(2), x2, s);
+      s = _mm256_fmadd_ps(q8(3), x3, s);
       acc[i] = _mm256_fmadd_ps(d, s, acc[i]);
     }
   }
