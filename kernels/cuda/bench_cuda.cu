@@ -151,6 +151,17 @@ void bench_decode(std::vector<Row>& rows, bool quick) {
   p.scale = 1.f / std::sqrt(float(d));
   p.out = out.data();
   p.lse = lse.data();
+  // The card's copy ceiling in the same run: device-to-device copy of the K pages into the V
+  // pages (bytes read + written).
+  {
+    const double ms = median_ms([&] {
+      KVLAB_CUDA_CHECK(cudaMemcpyAsync(v.data(), k.data(), k.bytes(), cudaMemcpyDeviceToDevice));
+    }, 2, quick ? 3 : 10);
+    rows.push_back({"copy", "device_to_device", batch, ctx, hq, hkv, d, page, 1.0, 0, 1, ms,
+                    2.0 * k.bytes(), 0});
+    std::printf("%s\n", csv_line(rows.back()).c_str());
+    fill(v, 2);
+  }
   DecodeWorkspace ws;
   const double kv_bytes_per_key = 2.0 * d * sizeof(T);
   for (int with_sel = 0; with_sel < 2; ++with_sel) {

@@ -36,6 +36,9 @@ def main() -> int:
         return None
 
     lines = []
+    copy = find(bench, bench="copy")
+    if copy:
+        lines.append(f"device copy ceiling       {float(copy['tb_per_s']):6.3f} TB/s (read + write)")
     for case in ("full", "select25", "full+positions", "select25+positions"):
         r = find(bench, bench="decode", case=case)
         if r:
