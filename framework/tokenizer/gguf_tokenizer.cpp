@@ -9,7 +9,7 @@
 //                               from the spelling as for llama2.c, see llama2c_vocab.h)
 //   tokenizer.ggml.merges       [n_merges] "left right" strings in rank order (gpt2)
 //   tokenizer.ggml.pre          pre-tokenizer name (gpt2): "default"/"gpt2", "llama3"/"llama-bpe"/
-//                               "llama-v3", "qwen2", "smollm"
+//                               "llama-v3" (+ ignore_merges), "qwen2" (+ NFC), "smollm"
 //   tokenizer.ggml.bos_token_id, eos_token_id, unknown_token_id, padding_token_id (optional)
 //   tokenizer.ggml.add_bos_token (default: true for llama, false for gpt2)
 //   tokenizer.ggml.add_space_prefix (llama; default true)
@@ -103,15 +103,25 @@ std::unique_ptr<Tokenizer> sentencepiece_from_gguf(const GgufFile& gguf) {
   return sentencepiece_from_vocab(vocab, name, optional_bool(gguf, kKeyAddBos, true));
 }
 
-std::vector<std::string> patterns_for_pre(const GgufFile& gguf) {
+// The pre-tokenizer (and the tokenizer.json settings that go with it) of each named family, as
+// in the family's Hugging Face tokenizer.json: Llama 3 sets ignore_merges, Qwen2 an NFC normalizer.
+void apply_pre(const GgufFile& gguf, BpeVocab& vocab) {
   const GgufValue* v = gguf.find(kKeyPre);
   const std::string pre = v ? v->as_string() : "default";
-  if (pre == "default" || pre == "gpt2" || pre == "gpt-2") return {std::string(kGpt2Pattern)};
-  if (pre == "llama3" || pre == "llama-bpe" || pre == "llama-v3") return {std::string(kLlama3Pattern)};
-  if (pre == "qwen2") return {std::string(kQwen2Pattern)};
-  if (pre == "smollm") return {R"(\p{N})", std::string(kGpt2Pattern)};
-  fail(gguf.path().string(), ": key '", kKeyPre, "' = \"", pre,
-       "\" is not a supported pre-tokenizer (default, gpt2, llama3, llama-bpe, llama-v3, qwen2, smollm)");
+  if (pre == "default" || pre == "gpt2" || pre == "gpt-2") {
+    vocab.pre_patterns = {std::string(kGpt2Pattern)};
+  } else if (pre == "llama3" || pre == "llama-bpe" || pre == "llama-v3") {
+    vocab.pre_patterns = {std::string(kLlama3Pattern)};
+    vocab.ignore_merges = true;
+  } else if (pre == "qwen2") {
+    vocab.pre_patterns = {std::string(kQwen2Pattern)};
+    vocab.nfc = true;
+  } else if (pre == "smollm") {
+    vocab.pre_patterns = {R"(\p{N})", std::string(kGpt2Pattern)};
+  } else {
+    fail(gguf.path().string(), ": key '", kKeyPre, "' = \"", pre,
+         "\" is not a supported pre-tokenizer (default, gpt2, llama3, llama-bpe, llama-v3, qwen2, smollm)");
+  }
 }
 
 std::unique_ptr<Tokenizer> bpe_from_gguf(const GgufFile& gguf) {
@@ -138,7 +148,7 @@ std::unique_ptr<Tokenizer> bpe_from_gguf(const GgufFile& gguf) {
         vocab.added.push_back({vocab.tokens[i], static_cast<int32_t>(i), type == SpmPieceType::kControl});
     }
   }
-  vocab.pre_patterns = patterns_for_pre(gguf);
+  apply_pre(gguf, vocab);
   vocab.bos_id = optional_id(gguf, kKeyBos, -1);
   vocab.eos_id = optional_id(gguf, kKeyEos, -1);
   vocab.add_bos = optional_bool(gguf, kKeyAddBos, false);
