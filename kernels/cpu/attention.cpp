@@ -274,10 +274,11 @@ class KeyWalker {
     block_k_ = v.k_data + off;
     block_v_ = v.v_data + off;
     // The next block of the table is another page: the hardware prefetcher does not follow
-    // the jump, so each key also prefetches its row one block ahead.
+    // the jump, so each key also prefetches its row two blocks ahead (two measured a little
+    // better than one on the cold decode benchmark).
     next_k_ = next_v_ = nullptr;
-    if (v.indptr[0] + b + 1 < v.indptr[1]) {
-      const size_t next = v.offset(v.indices[v.indptr[0] + b + 1], g_, 0, 0);
+    if (v.indptr[0] + b + 2 < v.indptr[1]) {
+      const size_t next = v.offset(v.indices[v.indptr[0] + b + 2], g_, 0, 0);
       next_k_ = v.k_data + next;
       next_v_ = v.v_data + next;
     }
