@@ -46,10 +46,15 @@ struct LandmarkConfig {
   bool entropy_bias = true;
 };
 
+// a . b with 8 independent partial sums (so the compiler can keep it in one SIMD register).
 float dot(const float* a, const float* b, int n) {
+  float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+  int k = 0;
+  for (; k + 8 <= n; k += 8)
+    for (int l = 0; l < 8; ++l) acc[l] += a[k + l] * b[k + l];
   float s = 0.f;
-  for (int k = 0; k < n; ++k) s += a[k] * b[k];
-  return s;
+  for (; k < n; ++k) s += a[k] * b[k];
+  return s + ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
 }
 
 float log_sum_exp(std::span<const float> x) {
@@ -181,8 +186,10 @@ class LandmarkPolicy final : public AttentionPolicy {
   void score_chunks(const LayerStep& step, const CacheScan& scan, const HeadChunks& hc, int r,
                     int h, int group, int64_t n_elig, float tau, int64_t i, int64_t local_begin) {
     const int d = step.shape.head_dim;
-    const bool probs = c_.gqa != Gqa::kMax;
-    agg_.assign(size_t(n_elig), c_.gqa == Gqa::kSum ? 0.f : -std::numeric_limits<float>::infinity());
+    // With one query head per KV head every aggregation ranks chunks like the raw logits (the
+    // softmax normaliser is shared by all chunks), so the local LSE is skipped.
+    const bool probs = c_.gqa != Gqa::kMax && group > 1;
+    agg_.assign(size_t(n_elig), probs && c_.gqa == Gqa::kSum ? 0.f : -std::numeric_limits<float>::infinity());
     if (probs) {  // keys of sinks u local region, for the local LSE
       keys_.clear();
       local_ranges_ = {{0, c_.sinks}, {local_begin, i + 1}};
