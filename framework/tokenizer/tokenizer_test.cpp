@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -381,6 +382,91 @@ TEST(TokenizerBpeJson, MalformedFilesGiveClearErrors) {
   write_file(missing_bytes, R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []},
       "pre_tokenizer": {"type": "ByteLevel"}})");
   expect_error([&] { load_tokenizer(missing_bytes); }, missing_bytes, "no token for byte");
+}
+
+// --- random awkward input ---------------------------------------------------------------------------
+
+// Random byte strings biased towards the awkward: spaces, newlines, multi-byte lead and
+// continuation bytes, invalid bytes, "<" and special-token text.
+std::string random_text(std::mt19937& rng) {
+  static const std::vector<std::string> kAtoms = {
+      " ", "  ", "\n", "\t", "a", "b", "ab", "hello", "\xC3\xA9", "\xE4\xB8\xAD", "\xF0\x9F\x98\x80",
+      "\xC3", "\xA9", "\xF0\x9F", "\x80", "\xFF", "\x00", "<s>", "</s>", "<|end|>", "<", "1", "123", "'s"};
+  std::uniform_int_distribution<size_t> pick(0, kAtoms.size() - 1), length(0, 24);
+  std::string out;
+  for (size_t n = length(rng); n > 0; --n) out += kAtoms[pick(rng)];
+  return out;
+}
+
+TEST(TokenizerRandom, EncodeDecodeAndStreamAgreeOnAwkwardText) {
+  const fs::path path = temp_dir() / "tokenizer.json";
+  write_file(path, tiny_tokenizer_json());
+  const auto bpe = load_tokenizer(path);
+  const auto spm = sentencepiece_from_vocab(tiny_spm_vocab(), "tiny", true);
+  std::mt19937 rng(1234);
+  for (int trial = 0; trial < 2000; ++trial) {
+    const std::string text = random_text(rng);
+    const EncodeOptions opts{.add_bos = trial % 3 == 0, .parse_special = trial % 2 == 0};
+    for (const Tokenizer* tok : {static_cast<const Tokenizer*>(bpe.get()), static_cast<const Tokenizer*>(spm.get())}) {
+      const std::vector<int32_t> ids = tok->encode(text, opts);
+      for (const int32_t id : ids) ASSERT_TRUE(id >= 0 && id < tok->vocab_size()) << tok->kind();
+      const std::string decoded = tok->decode(ids);
+      // Exact round trip, except where special tokens were parsed (they are invisible) or,
+      // for SentencePiece, where invalid bytes became U+FFFD.
+      if (!opts.parse_special && (tok->kind() == "bpe" || utf8::is_valid(text)))
+        ASSERT_EQ(decoded, text) << tok->kind() << " trial " << trial;
+      std::vector<std::string> parts;
+      ASSERT_EQ(stream_all(*tok, ids, &parts), decoded) << tok->kind() << " trial " << trial;
+    }
+  }
+}
+
+TEST(TokenizerRandom, DecodeOfArbitraryIdsStreamsTheSameBytes) {
+  const auto spm = sentencepiece_from_vocab(tiny_spm_vocab(), "tiny", true);
+  std::mt19937 rng(99);
+  std::uniform_int_distribution<int32_t> any_id(0, spm->vocab_size() - 1);
+  for (int trial = 0; trial < 500; ++trial) {
+    std::vector<int32_t> ids(trial % 17);
+    for (int32_t& id : ids) id = any_id(rng);
+    std::vector<std::string> parts;
+    const std::string text = stream_all(*spm, ids, &parts);
+    EXPECT_EQ(text, spm->decode(ids));
+    // No valid character is split between two parts (broken sequences may be, they never complete).
+    std::vector<bool> part_starts_at(text.size() + 1, false);
+    size_t offset = 0;
+    for (const std::string& p : parts) {
+      part_starts_at[offset] = true;
+      offset += p.size();
+    }
+    for (size_t pos = 0; pos < text.size();) {
+      const size_t len = utf8::char_length(text, pos);
+      for (size_t k = 1; k < len; ++k) EXPECT_FALSE(part_starts_at[pos + k]) << "trial " << trial;
+      pos += len ? len : 1;
+    }
+  }
+}
+
+TEST(TokenizerRandom, CorruptedFilesLoadOrFailCleanly) {
+  const fs::path dir = temp_dir();
+  const std::string model = serialize_spm_model_proto(tiny_spm_vocab());
+  const std::string bin = tiny_llama2c_bin();
+  const std::string json = tiny_tokenizer_json();
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 100; ++trial) {
+    for (const auto& [name, original] : {std::pair{"t.model", model}, {"t.bin", bin}, {"t.json", json}}) {
+      std::string bytes = original;
+      std::uniform_int_distribution<size_t> where(0, bytes.size() - 1);
+      for (int flips = 1 + trial % 4; flips > 0; --flips) bytes[where(rng)] = static_cast<char>(rng());
+      const fs::path path = dir / name;
+      write_file(path, bytes);
+      try {
+        const auto tok = load_tokenizer(path);
+        tok->decode(tok->encode("hello \xC3\xA9 world"));
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find(path.string()), std::string::npos) << e.what();
+      }
+    }
+  }
 }
 
 // --- load_tokenizer dispatch and bad files -------------------------------------------------------
