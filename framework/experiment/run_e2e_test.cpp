@@ -1,0 +1,355 @@
+// End-to-end: tiny experiments on a fixture model (random weights: mechanics and file contents,
+// not accuracy), read back from HDF5; SIGKILL + --resume equals an uninterrupted run; shards
+// merged equal a single run; streaming perplexity through the engine equals a direct
+// computation from one dense prefill.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "evals/niah.h"
+#include "evals/perplexity.h"
+#include "framework/engine/engine.h"
+#include "framework/experiment/cells.h"
+#include "framework/experiment/report.h"
+#include "framework/experiment/results.h"
+#include "framework/experiment/runner.h"
+#include "framework/experiment/sha256.h"
+#include "framework/model/model.h"
+
+namespace kvlab {
+namespace {
+
+namespace fs = std::filesystem;
+
+fs::path fixture_model() {
+  return fs::path(KVLAB_BINARY_DIR) / "fixtures/llama_hd64_gqa2_untied/model.gguf";
+}
+
+fs::path work_dir() {
+  static const fs::path dir = [] {
+    fs::path d = fs::temp_directory_path() / ("kvlab_e2e_" + std::to_string(getpid()));
+    fs::create_directories(d);
+    return d;
+  }();
+  return dir;
+}
+
+// English-like text with sentence ends, written once.
+fs::path haystack_file() {
+  const fs::path p = work_dir() / "haystack.txt";
+  if (!fs::exists(p)) {
+    std::ofstream out(p);
+    const char* words[] = {"the", "river", "ran", "past", "a", "quiet", "town", "where", "people",
+                           "kept", "bees", "and", "read", "old", "books", "in", "winter"};
+    uint64_t s = 3;
+    for (int sentence = 0; sentence < 400; ++sentence) {
+      const int n = 5 + int(splitmix64(s) % 9);
+      for (int w = 0; w < n; ++w) out << (w ? " " : "") << words[splitmix64(s) % 17];
+      out << ". ";
+    }
+  }
+  return p;
+}
+
+std::string experiment_yaml(const std::string& name, int threads = 1) {
+  return "name: " + name + "\nmodel: {path: " + fixture_model().string() + ", threads: " +
+         std::to_string(threads) + "}\n" +
+         R"(kv: {block_size: 4}
+engine: {probe: true, probe_every: 2}
+policies:
+  - {name: full, type: full}
+  - {name: win, type: sliding_window, params: {window: [16, 48]}}
+  - {name: sinks, type: sinks, params: {sinks: 2, recent: 30}}
+seeds: [0, 7]
+evals:
+  niah:
+    haystack: )" + haystack_file().string() + R"(
+    context_lengths: [120, 200]
+    depths: [0, 50, 100]
+    trials: 1
+    max_answer_tokens: 4
+  perplexity:
+    text: )" + haystack_file().string() + R"(
+    tokens: 160
+    protocol: streaming
+    checkpoints: [10, 100]
+)";
+}
+
+fs::path write_yaml(const std::string& name, const std::string& text) {
+  const fs::path p = work_dir() / (name + ".yaml");
+  std::ofstream(p) << text;
+  return p;
+}
+
+RunOptions quiet_options(const fs::path& out) {
+  RunOptions o;
+  o.output = out;
+  o.progress = nullptr;
+  static std::ostringstream sink;
+  o.out = &sink;
+  return o;
+}
+
+// Equal up to timing attributes: root attributes, runs, every complete cell, every summary.
+void expect_same_results(const fs::path& a_path, const fs::path& b_path) {
+  SCOPED_TRACE(a_path.string() + " vs " + b_path.string());
+  ResultsFile a = ResultsFile::open(a_path), b = ResultsFile::open(b_path);
+  const AttrMap ra = a.root_attrs(), rb = b.root_attrs();
+  for (const char* key : {"experiment", "model_sha256", "model_config", "tokenizer", "seeds", "schema_version"})
+    EXPECT_EQ(ra.at(key), rb.at(key)) << key;
+  ASSERT_EQ(a.runs(), b.runs());
+  for (const std::string& run : a.runs()) {
+    EXPECT_EQ(a.run_attrs(run), b.run_attrs(run)) << run;
+    ASSERT_EQ(a.complete_cells(run), b.complete_cells(run)) << run;
+    for (const std::string& cell : a.complete_cells(run)) {
+      std::string diff;
+      EXPECT_TRUE(same_cell_contents(a.read_cell(run, cell), b.read_cell(run, cell), &diff))
+          << run << "/" << cell << ": " << diff;
+    }
+    for (const char* group : {"niah", "perplexity"}) {
+      const auto sa = a.read_summary(run, group), sb = b.read_summary(run, group);
+      ASSERT_EQ(sa.size(), sb.size()) << run << "/" << group;
+      for (const auto& [name, ds] : sa) {
+        if (name == "tokens_per_s") continue;  // timing
+        CellRecord ca, cb;
+        ca.datasets[name] = ds;
+        cb.datasets[name] = sb.at(name);
+        std::string diff;
+        EXPECT_TRUE(same_cell_contents(ca, cb, &diff)) << run << "/" << group << "/" << name << ": " << diff;
+      }
+    }
+  }
+}
+
+class RunE2e : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    if (!fs::exists(fixture_model())) return;
+    spec_ = new ExperimentSpec(parse_experiment(write_yaml("e2e", experiment_yaml("e2e"))));
+  }
+  // The uninterrupted, unsharded run, made on first use (ctest runs each test in its own process).
+  static const fs::path& reference() {
+    if (reference_.empty()) {
+      reference_ = work_dir() / "reference.h5";
+      run_experiment(*spec_, quiet_options(reference_));
+    }
+    return reference_;
+  }
+  static void TearDownTestSuite() {
+    delete spec_;
+    spec_ = nullptr;
+    fs::remove_all(work_dir());
+  }
+  void SetUp() override {
+    if (!fs::exists(fixture_model()))
+      GTEST_SKIP() << "needs the tiny_models CTest fixture (" << fixture_model() << "): absent";
+  }
+  static ExperimentSpec* spec_;
+  static fs::path reference_;
+};
+ExperimentSpec* RunE2e::spec_ = nullptr;
+fs::path RunE2e::reference_;
+
+TEST_F(RunE2e, ResultsReadBackWithValuesAttributesAndShapes) {
+  ResultsFile f = ResultsFile::open(reference());
+  const AttrMap root = f.root_attrs();
+  EXPECT_EQ(std::get<int64_t>(root.at("schema_version")), kResultsSchemaVersion);
+  EXPECT_EQ(std::get<std::string>(root.at("experiment")), spec_->yaml_text);
+  EXPECT_EQ(std::get<std::string>(root.at("model_sha256")), sha256_of_path(fixture_model()));
+  EXPECT_EQ(std::get<std::vector<int64_t>>(root.at("seeds")), (std::vector<int64_t>{0, 7}));
+  EXPECT_EQ(std::get<int64_t>(root.at("cells_total")), 4 * 7);
+  for (const char* key : {"kvlab_version", "git_commit", "start_time", "end_time", "host", "model_path",
+                          "model_config", "tokenizer", "model_format"})
+    EXPECT_TRUE(root.count(key)) << key;
+
+  EXPECT_EQ(f.runs(), (std::vector<std::string>{"full", "sinks", "win@window=16", "win@window=48"}));
+  const AttrMap win = f.run_attrs("win@window=16");
+  EXPECT_EQ(std::get<std::string>(win.at("policy_type")), "sliding_window");
+  EXPECT_EQ(std::get<std::string>(win.at("policy_name")), "win");
+  EXPECT_EQ(std::get<int64_t>(win.at("param.window")), 16);
+
+  const std::unique_ptr<Model> model = load_model(fixture_model());
+  const Haystack hay = make_haystack(*model->tokenizer, [] {
+    std::ifstream in(haystack_file());
+    std::stringstream s;
+    s << in.rdbuf();
+    return s.str();
+  }());
+  for (const std::string& run : f.runs()) {
+    SCOPED_TRACE(run);
+    EXPECT_EQ(f.complete_cells(run).size(), 7u);
+    const auto niah = f.read_summary(run, "niah");
+    EXPECT_EQ(niah.at("correct").dims(), (std::vector<uint64_t>{2, 3, 2}));
+    EXPECT_EQ(niah.at("accuracy").dims(), (std::vector<uint64_t>{2, 3}));
+    for (int8_t c : std::get<std::vector<int8_t>>(niah.at("correct").data)) EXPECT_TRUE(c == 0 || c == 1);
+    // Needle positions and values are those of the seeded prompts, for every policy.
+    const auto& pos = std::get<std::vector<int64_t>>(niah.at("needle_positions").data);
+    const auto& values = std::get<std::vector<std::string>>(niah.at("values").data);
+    int i = 0;
+    for (int length : {120, 200})
+      for (double depth : {0.0, 50.0, 100.0})
+        for (uint64_t seed : {0, 7}) {
+          const NiahPrompt p = build_niah_prompt(*model->tokenizer, hay, NiahOptions{}, length, depth,
+                                                 trial_seed(seed, length, depth, 0));
+          EXPECT_EQ(pos[i], p.needle_pos);
+          EXPECT_EQ(values[i], p.value);
+          ++i;
+        }
+    const CellRecord cell = f.read_cell(run, "niah_L200_D50");
+    EXPECT_EQ(std::get<int64_t>(cell.attrs.at("context_length")), 200);
+    EXPECT_EQ(cell.datasets.at("answers").size(), 2u);
+    for (int64_t b : std::get<std::vector<int64_t>>(cell.datasets.at("kv_bytes_peak").data)) EXPECT_GT(b, 0);
+    for (double r : std::get<std::vector<double>>(cell.datasets.at("recall_mean").data)) {
+      EXPECT_GT(r, 0.0);
+      EXPECT_LE(r, 1.0 + 1e-6);
+      if (run == "full") EXPECT_NEAR(r, 1.0, 1e-4);
+    }
+
+    const CellRecord ppl = f.read_cell(run, "ppl_T0");
+    const auto& nll = std::get<std::vector<float>>(ppl.datasets.at("nll").data);
+    ASSERT_EQ(nll.size(), 159u);
+    double mean = 0;
+    for (float x : nll) mean += x / 159.0;
+    EXPECT_NEAR(std::get<double>(ppl.attrs.at("ppl")), std::exp(mean), 1e-3 * std::exp(mean));
+    EXPECT_EQ(std::get<std::vector<int64_t>>(ppl.datasets.at("checkpoints").data), (std::vector<int64_t>{10, 100}));
+    EXPECT_EQ(ppl.datasets.at("running_ppl").size(), 2u);
+    EXPECT_EQ(std::get<std::string>(ppl.attrs.at("protocol")), "streaming");
+  }
+  // A window of 16 keeps fewer KV bytes than full attention.
+  const auto kv_of = [&](const std::string& run) {
+    return std::get<int64_t>(f.read_cell(run, "ppl_T0").attrs.at("kv_bytes_peak"));
+  };
+  EXPECT_LT(kv_of("win@window=16"), kv_of("full"));
+}
+
+TEST_F(RunE2e, StreamingPerplexityEqualsADenseForwardPass) {
+  // Full attention, token by token through decode, must give the NLLs of one dense prefill
+  // with all logits: -log softmax(logits[i-1])[tokens[i]].
+  ResultsFile f = ResultsFile::open(reference());
+  const CellRecord cell = f.read_cell("full", "ppl_T0");
+  const auto& nll = std::get<std::vector<float>>(cell.datasets.at("nll").data);
+  const std::unique_ptr<Model> model = load_model(fixture_model());
+  std::ifstream in(haystack_file());
+  std::stringstream s;
+  s << in.rdbuf();
+  std::vector<int32_t> tokens = model->tokenizer->encode(s.str(), EncodeOptions{.add_bos = true});
+  tokens.resize(160);
+  EngineOptions eo;
+  eo.threads = 1;
+  Engine engine(*model, eo);
+  const SeqId seq = engine.start_sequence();
+  std::vector<float> logits;
+  ASSERT_EQ(engine.prefill(seq, tokens, logits, true), StepStatus::kOk);
+  const int vocab = model->config.vocab_size;
+  ASSERT_EQ(nll.size(), tokens.size() - 1);
+  for (size_t i = 1; i < tokens.size(); ++i) {
+    const double direct = -log_prob(std::span(logits.data() + (i - 1) * vocab, size_t(vocab)), tokens[i]);
+    EXPECT_NEAR(nll[i - 1], direct, 2e-3 * std::max(1.0, direct)) << i;
+  }
+}
+
+TEST_F(RunE2e, ShardsMergedEqualASingleRun) {
+  std::vector<fs::path> shards;
+  for (int i = 0; i < 3; ++i) {
+    RunOptions o = quiet_options(work_dir() / ("shard" + std::to_string(i) + ".h5"));
+    o.shard = Shard{i, 3};
+    run_experiment(*spec_, o);
+    shards.push_back(o.output);
+    EXPECT_LT(ResultsFile::open(o.output).complete_cells("full").size(), 7u);
+  }
+  const fs::path merged = work_dir() / "merged.h5";
+  EXPECT_EQ(merge_results(merged, shards), 28);
+  expect_same_results(reference(), merged);
+  // Shards of another experiment are refused.
+  const ExperimentSpec other = parse_experiment(write_yaml("other", experiment_yaml("other")));
+  RunOptions o = quiet_options(work_dir() / "other.h5");
+  o.shard = Shard{0, 28};
+  run_experiment(other, o);
+  EXPECT_THROW(merge_results(work_dir() / "bad_merge.h5", {shards[0], o.output}), Error);
+}
+
+TEST_F(RunE2e, KilledRunResumesToTheSameFile) {
+  const fs::path kvlab = fs::path(KVLAB_BINARY_DIR) / "bin/kvlab";
+  if (!fs::exists(kvlab)) GTEST_SKIP() << "needs the kvlab executable (" << kvlab << "): absent";
+  const fs::path yaml = write_yaml("e2e", experiment_yaml("e2e"));  // same text as the reference
+  const fs::path out = work_dir() / "killed.h5";
+  const fs::path log = work_dir() / "killed.log";
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(fd, 1);
+    dup2(fd, 2);
+    execl(kvlab.c_str(), "kvlab", "run", yaml.c_str(), "-o", out.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  // Kill it (SIGKILL: no cleanup at all) as soon as the first cell is reported finished.
+  bool killed = false;
+  for (int i = 0; i < 6000 && !killed; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    std::ifstream in(log);
+    std::stringstream s;
+    s << in.rdbuf();
+    if (s.str().find("[1/28]") != std::string::npos) {
+      kill(pid, SIGKILL);
+      killed = true;
+    }
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  ASSERT_TRUE(killed) << "the child never reported a finished cell";
+  ASSERT_TRUE(WIFSIGNALED(status)) << "the child finished before it was killed";
+
+  {  // The killed file is valid and holds only finished cells.
+    ResultsFile partial = ResultsFile::open(out);
+    size_t n = 0;
+    for (const auto& run : partial.runs()) n += partial.complete_cells(run).size();
+    EXPECT_GE(n, 1u);
+    EXPECT_LT(n, 28u);
+  }
+  const std::string resume = kvlab.string() + " run " + yaml.string() + " -o " + out.string() +
+                             " --resume > " + (work_dir() / "resume.log").string() + " 2>&1";
+  ASSERT_EQ(std::system(resume.c_str()), 0);
+  expect_same_results(reference(), out);
+  // Resuming a complete file runs nothing and changes nothing.
+  ASSERT_EQ(std::system(resume.c_str()), 0);
+  expect_same_results(reference(), out);
+}
+
+TEST_F(RunE2e, DryRunListsCellsWithKvEstimates) {
+  RunOptions o = quiet_options(work_dir() / "dry.h5");
+  std::ostringstream listing;
+  o.out = &listing;
+  o.dry_run = true;
+  o.shard = Shard{1, 2};
+  run_experiment(*spec_, o);
+  EXPECT_FALSE(fs::exists(o.output));
+  EXPECT_NE(listing.str().find("win@window=16"), std::string::npos) << listing.str();
+  EXPECT_NE(listing.str().find("14 of 28 cells"), std::string::npos) << listing.str();
+}
+
+TEST_F(RunE2e, ExistingOutputIsNotOverwrittenAndCudaIsChecked) {
+  EXPECT_THROW(run_experiment(*spec_, quiet_options(reference())), Error);
+  RunOptions o = quiet_options(work_dir() / "cuda.h5");
+  o.device = "cuda";
+  try {
+    run_experiment(*spec_, o);
+    ADD_FAILURE() << "--device cuda ran on a machine without the CUDA engine";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("--device cuda"), std::string::npos) << msg;
+  }
+}
+
+}  // namespace
+}  // namespace kvlab
