@@ -211,7 +211,13 @@ class TokenizerJsonReader {
 }  // namespace
 
 std::unique_ptr<BpeTokenizer> load_hf_tokenizer_json(const std::filesystem::path& path) {
-  return std::make_unique<BpeTokenizer>(TokenizerJsonReader(path).read(), path.string());
+  BpeVocab vocab;
+  try {
+    vocab = TokenizerJsonReader(path).read();
+  } catch (const Json::exception& e) {  // a value of the wrong JSON type somewhere
+    fail(path.string(), ": unexpected JSON content: ", e.what());
+  }
+  return std::make_unique<BpeTokenizer>(std::move(vocab), path.string());
 }
 
 }  // namespace kvlab

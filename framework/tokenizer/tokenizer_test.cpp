@@ -378,6 +378,10 @@ TEST(TokenizerBpeJson, MalformedFilesGiveClearErrors) {
   write_file(not_byte_level, R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []},
       "pre_tokenizer": {"type": "Metaspace"}})");
   expect_error([&] { load_tokenizer(not_byte_level); }, not_byte_level, "pre_tokenizer");
+  const fs::path wrong_type = dir / "wrong_type.json";
+  write_file(wrong_type, R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []},
+      "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": "yes"}})");
+  expect_error([&] { load_tokenizer(wrong_type); }, wrong_type, "JSON");
   const fs::path missing_bytes = dir / "missing_bytes.json";
   write_file(missing_bytes, R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []},
       "pre_tokenizer": {"type": "ByteLevel"}})");
