@@ -337,6 +337,38 @@ TEST(TokenizerBpeJson, SpecialTokensOnlyWhenAskedNonSpecialAlways) {
   EXPECT_EQ(tok->decode(special), "hello[x]");  // special tokens are invisible in text
 }
 
+TEST(TokenizerBpeJson, Llama3StyleSettings) {
+  // Llama 3's tokenizer.json: ignore_merges, a Split regex + ByteLevel without regex, and a
+  // TemplateProcessing post-processor that puts <|begin|> first.
+  const fs::path dir = temp_dir();
+  std::string json = tiny_tokenizer_json(R"(, {"id": 262, "content": "<|begin|>", "special": true})");
+  const auto swap = [&](const std::string& from, const std::string& to) { json.replace(json.find(from), from.size(), to); };
+  swap(R"("Ġhello": 260)", R"("Ġhello": 260, "xyz": 263)");
+  swap(R"("merges": [)", R"("ignore_merges": true, "merges": [)");
+  swap(R"({"type": "ByteLevel", "add_prefix_space": false, "use_regex": true})",
+       R"({"type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"},
+             "behavior": "Isolated", "invert": false},
+            {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": false}]},
+          "post_processor": {"type": "TemplateProcessing",
+            "single": [{"SpecialToken": {"id": "<|begin|>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}]})");
+  write_file(dir / "tokenizer.json", json);
+  const auto tok = load_tokenizer(dir / "tokenizer.json");
+  EXPECT_EQ(tok->bos_id(), 262);
+  EXPECT_TRUE(tok->add_bos_by_default());
+  EXPECT_EQ(tok->encode("xyz"), (std::vector<int32_t>{263}));  // whole word in the vocabulary
+  EXPECT_EQ(tok->encode("hello 12345"), (std::vector<int32_t>{259, ' ', '1', '2', '3', '4', '5'}));
+  EXPECT_EQ(tok->encode("xyz", {.add_bos = true}).front(), 262);
+
+  // A tokenizer_config.json beside it overrides BOS/EOS and add_bos.
+  write_file(dir / "tokenizer_config.json",
+             R"({"bos_token": {"content": "<|end|>"}, "eos_token": "<|begin|>", "add_bos_token": false})");
+  const auto configured = load_tokenizer(dir / "tokenizer.json");
+  EXPECT_EQ(configured->bos_id(), 261);
+  EXPECT_EQ(configured->eos_id(), 262);
+  EXPECT_FALSE(configured->add_bos_by_default());
+}
+
 TEST(TokenizerBpeJson, NfcNormalizerComposesCharacters) {
   const fs::path dir = temp_dir();
   std::string json = tiny_tokenizer_json();
