@@ -405,9 +405,11 @@ ExperimentSpec parse_experiment(const fs::path& file) {
 
 void check_files_exist(const ExperimentSpec& spec) {
   auto check = [&](const fs::path& p, const std::string& key) {
-    if (!fs::exists(p))
-      fail(spec.file.string(), ": ", key, ": file not found: ", p.string(),
-           " (relative paths are tried against the current directory, then the YAML file's)");
+    if (fs::exists(p)) return;
+    if (p.is_absolute()) fail(spec.file.string(), ": ", key, ": file not found: ", p.string());
+    fail(spec.file.string(), ": ", key, ": file not found: ", p.string(), " (tried ",
+         fs::absolute(p).lexically_normal().string(), " and ",
+         fs::absolute(spec.file.parent_path() / p).lexically_normal().string(), ")");
   };
   check(spec.model.path, "model.path");
   if (!spec.model.tokenizer.empty()) check(spec.model.tokenizer, "model.tokenizer");
