@@ -16,8 +16,9 @@ function(kvlab_add_library name)
 endfunction()
 
 # kvlab_add_test(NAME SOURCES x_test.cpp DEPS lib ...)
-# A GoogleTest executable registered with CTest. Tests run from the build directory; they find
-# the source tree through KVLAB_SOURCE_DIR and ../shared through KVLAB_SHARED_DIR.
+# A GoogleTest executable registered with CTest. Tests find the source and build trees through
+# the compile definitions KVLAB_SOURCE_DIR / KVLAB_BINARY_DIR, and ../shared through the
+# environment variable KVLAB_SHARED_DIR (default: <source>/../shared).
 function(kvlab_add_test name)
   if(NOT KVLAB_BUILD_TESTS)
     return()
@@ -28,9 +29,12 @@ function(kvlab_add_test name)
   target_compile_definitions(${name} PRIVATE
     KVLAB_SOURCE_DIR="${PROJECT_SOURCE_DIR}"
     KVLAB_BINARY_DIR="${PROJECT_BINARY_DIR}")
-  gtest_discover_tests(${name} DISCOVERY_TIMEOUT 60
-    PROPERTIES ENVIRONMENT "KVLAB_SOURCE_DIR=${PROJECT_SOURCE_DIR};KVLAB_BINARY_DIR=${PROJECT_BINARY_DIR}"
-    LABELS "${ARG_LABELS}")
+  # (The paths come in as compile definitions: an ENVIRONMENT list here would be split at ';'.)
+  if(ARG_LABELS)
+    gtest_discover_tests(${name} DISCOVERY_TIMEOUT 60 PROPERTIES LABELS "${ARG_LABELS}")
+  else()
+    gtest_discover_tests(${name} DISCOVERY_TIMEOUT 60)
+  endif()
 endfunction()
 
 # Adds every immediate subfolder of DIR that has a CMakeLists.txt (so a new library folder needs
