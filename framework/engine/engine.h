@@ -49,7 +49,7 @@ struct EngineOptions {
   int threads = 0;               // 0 = all cores
   int block_size_tokens = 16;
   size_t kv_budget_bytes = 0;    // 0 = room for max_seq_len tokens x max_batch
-  int max_batch = 1;
+  int max_batch = 1;             // sizes the default KV budget (decode takes any batch size)
   int prefill_chunk_tokens = 256;
   bool probe = false;            // attention recall / output error probes (below)
   int probe_every = 16;          // probe every N-th decode step of a sequence
@@ -100,7 +100,8 @@ class Engine {
   // last token, or [tokens.size(), vocab] when all_logits. An empty span is an Error.
   StepStatus prefill(SeqId seq, std::span<const int32_t> tokens, std::vector<float>& logits,
                      bool all_logits = false);
-  // One token for each sequence of the batch (at most max_batch); logits [batch, vocab].
+  // One token for each sequence of the batch (distinct sequences); logits [batch, vocab]. The
+  // dense layers read each weight once for the whole batch.
   StepStatus decode(std::span<const SeqId> seqs, std::span<const int32_t> tokens,
                     std::vector<float>& logits);
 
