@@ -170,6 +170,34 @@ TEST(Scorer, SinksRecentAndTopKWithTiesToLowerPosition) {
   EXPECT_EQ(r.total_tokens(100), 35);
 }
 
+// Per-layer budgets: layer 1 keeps half of layer 0's.
+class PyramidScorer final : public ScorerPolicy {
+ public:
+  using ScorerPolicy::ScorerPolicy;
+ protected:
+  void score(const LayerStep&, const StepStats&, int, std::span<const ScoredSlot> c,
+             std::span<float> s) override {
+    for (size_t k = 0; k < c.size(); ++k) s[k] = float(c[k].position);
+  }
+  double layer_budget_scale(int layer) const override { return layer == 0 ? 1.0 : 0.5; }
+};
+
+TEST(Scorer, PerLayerBudgets) {
+  ScorerBudget b;
+  b.recent = 4, b.keep = 8;
+  PyramidScorer p(b);
+  SimOptions o;
+  PolicySimulator sim(o, 1);
+  for (int t = 0; t < 40; ++t) {
+    auto st = sim.step(p, 1);
+    ASSERT_TRUE(st.violations.empty());
+    EXPECT_LE(st.resident[0][0], p.budget_tokens(0, sim.n_seen()));
+    EXPECT_LE(st.resident[1][1], p.budget_tokens(1, sim.n_seen()));
+  }
+  EXPECT_EQ(sim.cache(0).resident(0), 12);
+  EXPECT_EQ(sim.cache(1).resident(0), 6);
+}
+
 TEST(H2o, PrefillReducedInOneStepByGqaSummedMass) {
   SimOptions o;
   o.n_heads = 4, o.n_kv_heads = 2;  // G = 2

@@ -41,13 +41,20 @@ ParamSpecs scorer_param_specs(const ScorerDefaults& d) {
   };
 }
 
+int64_t ScorerPolicy::budget_tokens(int layer, int64_t n_seen) const {
+  const double scale = layer_budget_scale(layer);
+  return budget_.sinks + int64_t(std::floor(double(budget_.recent_tokens(n_seen)) * scale)) +
+         int64_t(std::floor(double(budget_.keep_tokens(n_seen)) * scale));
+}
+
 void ScorerPolicy::after_attention(const LayerStep& step, const StepStats& stats,
                                    Evictions& out) {
   observe(step, stats);
   const int64_t n_seen = tokens_seen(step);
   const int64_t sinks = budget_.sinks;
-  const int64_t recent = budget_.recent_tokens(n_seen);
-  const int64_t keep = budget_.keep_tokens(n_seen);
+  const double scale = layer_budget_scale(step.layer);
+  const int64_t recent = int64_t(std::floor(double(budget_.recent_tokens(n_seen)) * scale));
+  const int64_t keep = int64_t(std::floor(double(budget_.keep_tokens(n_seen)) * scale));
   const CacheScan scan(*step.cache, step.shape.n_kv_heads);
   for (int h = 0; h < step.shape.n_kv_heads; ++h) {
     scan.valid_slots(h, slots_, &positions_);

@@ -8,7 +8,7 @@
 //   `keep` best-scored among the rest (ties: higher score first, then lower position); evict the
 //   others. Selection stays "all" (an eviction policy reads everything it keeps).
 // Optional hooks: observe() sees every step (to accumulate statistics, e.g. H2O's attention
-// mass), on_evict() lets stateful scorers drop what they kept about evicted tokens, needs()
+// mass), layer_budget_scale() gives layers different budgets, on_evict() lets stateful scorers drop what they kept about evicted tokens, needs()
 // asks the kernels for statistics, on_reset() clears per-sequence state.
 //
 // Parameters: scorer_param_specs() declares sinks / recent / keep (named as you like, e.g.
@@ -60,9 +60,8 @@ class ScorerPolicy : public AttentionPolicy {
   explicit ScorerPolicy(const ScorerBudget& budget) : budget_(budget) {}
 
   void after_attention(const LayerStep& step, const StepStats& stats, Evictions& out) final;
-  int64_t budget_tokens(int layer, int64_t n_seen) const override {
-    return budget_.total_tokens(n_seen);
-  }
+  // sinks + (recent + keep) scaled by layer_budget_scale(layer).
+  int64_t budget_tokens(int layer, int64_t n_seen) const override;
   void reset() override { on_reset(); }
   const ScorerBudget& budget() const { return budget_; }
 
@@ -72,6 +71,8 @@ class ScorerPolicy : public AttentionPolicy {
   virtual void score(const LayerStep& step, const StepStats& stats, int kv_head,
                      std::span<const ScoredSlot> candidates, std::span<float> scores) = 0;
   virtual void observe(const LayerStep& step, const StepStats& stats) {}
+  // Per-layer budgets (e.g. a pyramid): recent and keep of `layer` are multiplied by this.
+  virtual double layer_budget_scale(int layer) const { return 1.0; }
   virtual void on_evict(int layer, int kv_head, std::span<const int64_t> positions) {}
   virtual void on_reset() {}
 
