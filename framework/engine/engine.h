@@ -18,8 +18,9 @@
 // few rows (decode), OpenBLAS sgemm for many (prefill). Weights stay in their stored dtype.
 //
 // Contract: a sequence's tokens are fed in order (prefill and decode may alternate); a call that
-// would pass the model's max_seq_len returns kContextFull, one that finds no free KV block
-// kOutOfBlocks, and in both cases changes nothing. Bad token ids, unknown sequences and a
+// would pass the model's max_seq_len returns kContextFull and changes nothing; one that finds
+// no free KV block returns kOutOfBlocks: decode then changes nothing, prefill keeps the chunks
+// fed before the one that found no room (n_tokens() says how far it got). Bad token ids, unknown sequences and a
 // batch naming one sequence twice throw kvlab::Error. The Engine keeps a reference to the Model,
 // which must outlive it. Not thread-safe (one caller); it uses its own thread pool inside.
 #pragma once

@@ -184,10 +184,20 @@ void matvec_rows(const Matrix& w, const float* x, int64_t n, float* y, int64_t r
   }
 }
 
+namespace {
+std::atomic<int> g_blas_threads{-1};
+// Sets OpenBLAS's thread count when it differs (call outside parallel regions).
+void set_blas_threads(int n) {
+  if (g_blas_threads.load() != n) {
+    openblas_set_num_threads(n);
+    g_blas_threads.store(n);
+  }
+}
+}  // namespace
+
 void sgemm_xwt(const float* x, int64_t n, const float* w, int64_t rows, int64_t cols, float* y,
                int64_t ldy, int blas_threads) {
-  static std::atomic<int> current_threads{-1};
-  if (current_threads.exchange(blas_threads) != blas_threads) openblas_set_num_threads(blas_threads);
+  set_blas_threads(blas_threads);
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(n), static_cast<int>(rows),
               static_cast<int>(cols), 1.f, x, static_cast<int>(cols), w, static_cast<int>(cols), 0.f,
               y, static_cast<int>(ldy));
@@ -249,6 +259,7 @@ void linear(ThreadPool& pool, const float* x, int64_t n, std::initializer_list<L
       linear_slice(j, x, n, r0, r1, scratch.panels[thread]);
     }
   };
+  if (n >= kGemmMinTokens) set_blas_threads(1);  // before the region: BLAS runs inside it, 1 thread each
   if (work_bytes < kMinParallelBytes) body(0, unit_begin[n_jobs], 0);
   else pool.parallel_for(unit_begin[n_jobs], body);
 }
