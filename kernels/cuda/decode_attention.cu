@@ -43,12 +43,43 @@ struct DecodeTileShape {
   static constexpr size_t kSmemBytes = kKvBytes + sizeof(float) * (kMaxGroup * kHeadDim  // q
                                                                    + kMaxGroup * kTile   // p
                                                                    + 3 * kMaxGroup)      // alpha, m, l
-                                       + sizeof(int) * kStages * kTile;                  // pos
+                                       + 2 * sizeof(int) * kStages * kTile;  // pos, rope pos
   static_assert(kHeadDim % kVec == 0 && kThreads % kPairs == 0 && kTile % kKeyGroups == 0);
   static_assert((kTile * kRowChunks) % kThreads == 0);
   static_assert(kKvBytes >= sizeof(float) * kKeyGroups * kMaxGroup * kHeadDim,
                 "the final reduction reuses the K/V stages");
 };
+
+// Chunk c (kVec features) of a key row in shared memory, as floats, rotated to rope_pos
+// (pairs (2i, 2i+1) stay inside a chunk; neox pairs (i, i + d/2) read the partner chunk
+// c +- d/2/kVec). (a, b) <- (a cos - b sin, a sin + b cos), as kernels/cpu/rope.h.
+template <class T, int kHeadDim>
+__device__ __forceinline__ void rotated_key_chunk(const T* k_row, int c, int rope_pos,
+                                                  const RopeTableView& rope, float* k) {
+  using Shape = DecodeTileShape<T, kHeadDim>;
+  constexpr int kVec = Shape::kVec, kHalfChunks = Shape::kRowChunks / 2;
+  vec16_to_float<T>(*reinterpret_cast<const uint4*>(k_row + c * kVec), k);
+  if (!rope.neox) {
+#pragma unroll
+    for (int j = 0; j < kVec / 2; ++j) {
+      const float2 cs = rope.at(rope_pos, c * (kVec / 2) + j);
+      const float a = k[2 * j], b = k[2 * j + 1];
+      k[2 * j] = a * cs.x - b * cs.y;
+      k[2 * j + 1] = a * cs.y + b * cs.x;
+    }
+  } else {
+    const bool first_half = c < kHalfChunks;
+    float partner[kVec];
+    vec16_to_float<T>(
+        *reinterpret_cast<const uint4*>(k_row + (first_half ? c + kHalfChunks : c - kHalfChunks) * kVec),
+        partner);
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) {
+      const float2 cs = rope.at(rope_pos, (first_half ? c : c - kHalfChunks) * kVec + j);
+      k[j] = first_half ? k[j] * cs.x - partner[j] * cs.y : partner[j] * cs.y + k[j] * cs.x;
+    }
+  }
+}
 
 template <class T, int kHeadDim>
 __global__ void __launch_bounds__(kThreads)
@@ -66,6 +97,7 @@ decode_partial_kernel(const DecodeParams<T> p, const int group, const int keys_p
   float* m_s = alpha_s + kMaxGroup;                             // [kMaxGroup]
   float* l_s = m_s + kMaxGroup;                                 // [kMaxGroup]
   int* pos_s = reinterpret_cast<int*>(l_s + kMaxGroup);         // [kStages][kTile] key positions
+  int* rope_pos_s = pos_s + kStages * kTile;                     // [kStages][kTile] rope at read
 
   const int split = blockIdx.x, kv_head = blockIdx.y, b = blockIdx.z;
   const int num_kv_heads = p.kv.num_kv_heads;
@@ -112,6 +144,10 @@ decode_partial_kernel(const DecodeParams<T> p, const int group, const int keys_p
         } else {
           pos_s[stage * kTile + row] = slot;
         }
+        if (p.key_rope_pos != nullptr)
+          cp_async_4(rope_pos_s + stage * kTile + row,
+                     p.key_rope_pos + (in_split ? p.kv.slot_meta_offset(b, slot, kv_head) : 0),
+                     in_split);
       }
     }
   };
@@ -137,18 +173,30 @@ decode_partial_kernel(const DecodeParams<T> p, const int group, const int keys_p
     const T* k_row = k_tile + size_t(stage) * Shape::kStageElems + size_t(lane) * Shape::kRowStride;
     const int key_pos = pos_s[stage * kTile + lane];
     const bool key_ok = n0 + lane < span.end && key_pos >= 0 && p.mask(q_pos, key_pos);
+    const int rope_pos = p.key_rope_pos != nullptr ? max(rope_pos_s[stage * kTile + lane], 0) : -1;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int g = warp + h * kWarps;
       if (g >= group) continue;
       float dot = 0.f;
+      if (rope_pos < 0) {
 #pragma unroll
-      for (int c = 0; c < Shape::kRowChunks; ++c) {
-        float k[Shape::kVec];
-        vec16_to_float<T>(*reinterpret_cast<const uint4*>(k_row + c * Shape::kVec), k);
-        const float* q = q_s + g * kHeadDim + c * Shape::kVec;
+        for (int c = 0; c < Shape::kRowChunks; ++c) {
+          float k[Shape::kVec];
+          vec16_to_float<T>(*reinterpret_cast<const uint4*>(k_row + c * Shape::kVec), k);
+          const float* q = q_s + g * kHeadDim + c * Shape::kVec;
 #pragma unroll
-        for (int j = 0; j < Shape::kVec; ++j) dot = fmaf(q[j], k[j], dot);
+          for (int j = 0; j < Shape::kVec; ++j) dot = fmaf(q[j], k[j], dot);
+        }
+      } else {  // rope at read: kept rolled so the common path keeps its registers
+#pragma unroll 1
+        for (int c = 0; c < Shape::kRowChunks; ++c) {
+          float k[Shape::kVec];
+          rotated_key_chunk<T, kHeadDim>(k_row, c, rope_pos, p.rope, k);
+          const float* q = q_s + g * kHeadDim + c * Shape::kVec;
+#pragma unroll
+          for (int j = 0; j < Shape::kVec; ++j) dot = fmaf(q[j], k[j], dot);
+        }
       }
       const float s = key_ok ? dot : kNegInf;
       float shift;
@@ -346,6 +394,9 @@ void decode_attention(const DecodeParams<T>& p, const DecodePlan& plan, DecodeWo
   if (p.kv.page_size <= 0) fail("decode_attention: page_size must be positive");
   if (p.key_mass != nullptr && p.key_mass_stride <= 0)
     fail("decode_attention: key_mass needs key_mass_stride >= the longest request");
+  if (p.key_rope_pos != nullptr &&
+      (p.rope.half * 2 != p.kv.head_dim || p.rope.cos_sin == nullptr || p.rope.n_positions <= 0))
+    fail("decode_attention: rope at read needs a RopeTableView for head_dim ", p.kv.head_dim);
   if (plan.keys_per_split % kTile != 0 || plan.num_splits < 1)
     fail("decode_attention: plan not made by plan_decode");
   if (p.batch == 0) return;

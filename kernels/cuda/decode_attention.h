@@ -27,6 +27,7 @@
 #include "kernels/common/masks.h"
 #include "kernels/common/paged_kv.h"
 #include "kernels/cuda/device_buffer.h"
+#include "kernels/cuda/rope_table.h"
 
 namespace kvlab::cuda {
 
@@ -46,6 +47,11 @@ struct DecodeParams {
   float* lse = nullptr;              // optional [batch, num_qo_heads]
   float* key_mass = nullptr;         // optional [batch, num_kv_heads, key_mass_stride], +=
   int key_mass_stride = 0;           // >= every request's slot count
+  // Rope at read (policies with rope_at_cache_position): keys are stored raw and the key of a
+  // slot is rotated to key_rope_pos (paged like kv_pos; e.g. its rank among the cached tokens)
+  // before the dot product, in fp32 with the CPU's cos/sin. Null = keys already rotated.
+  const int32_t* key_rope_pos = nullptr;  // [num_pages, num_kv_heads, page_size]
+  RopeTableView rope;
 };
 
 // Tile of keys a CTA holds in shared memory at once (keys_per_split is a multiple of it).

@@ -36,9 +36,12 @@ struct Reference {
 };
 
 // Plain loops: materialise every score of the selected keys, softmax in double.
+// rope: 0 keys used as stored, 1 interleaved / 2 neox rotation at read to rope_pos.
 Reference reference_decode(const HostPagedKv& kv, const std::vector<float>& q, int num_qo_heads,
                            const std::vector<int32_t>& q_pos, const HostSelection& sel,
-                           const WindowSinkMask& mask, float scale, int mass_stride) {
+                           const WindowSinkMask& mask, float scale, int mass_stride, int rope = 0,
+                           const std::vector<int32_t>& rope_pos = {},
+                           const std::vector<float>& table = {}) {
   const auto view = kv.view();
   const int batch = static_cast<int>(kv.lengths.size()), hkv = kv.num_kv_heads,
             d = kv.head_dim, group = num_qo_heads / hkv;
@@ -59,6 +62,11 @@ Reference reference_decode(const HostPagedKv& kv, const std::vector<float>& q, i
         if (pos < 0 || !mask(q_pos[b], pos)) continue;
         double dot = 0;
         const float* k = kv.k.data() + view.slot_offset(b, slot, kvh);
+        std::vector<float> rotated;
+        if (rope != 0) {
+          rotated = testing::rotate_key(k, d, rope_pos[view.slot_meta_offset(b, slot, kvh)], rope == 2, table);
+          k = rotated.data();
+        }
         for (int f = 0; f < d; ++f) dot += double(q[(size_t(b) * num_qo_heads + h) * d + f]) * k[f];
         s[n] = dot * scale;
         m = std::max(m, s[n]);
@@ -120,6 +128,7 @@ struct Case {
   float hole_fraction;
   bool key_mass;
   int keys_per_split;  // 0 = plan_decode's choice
+  int rope = 0;        // rope at read: 0 off, 1 interleaved, 2 neox
 };
 
 template <class T>
@@ -138,7 +147,12 @@ void run_case(const Case& c, uint32_t seed) {
     max_len = std::max(max_len, c.lengths[b]);
     for (int h = 0; h < c.hkv; ++h) max_keys = std::max(max_keys, sel.view().count(b * c.hkv + h, c.lengths[b]));
   }
-  const Reference ref = reference_decode(kv, q, hq, q_pos, sel, c.mask, scale, max_len);
+  const std::vector<int32_t> rope_pos = testing::cache_rank_positions(kv);
+  const std::vector<float> table = rope_cos_sin_table(rope_inv_freq(10000.0, c.head_dim), max_len);
+  const Reference ref = reference_decode(kv, q, hq, q_pos, sel, c.mask, scale, max_len, c.rope,
+                                         rope_pos, table);
+  DeviceBuffer<int32_t> drope_pos(rope_pos);
+  DeviceBuffer<float> dtable(table);
 
   DevicePagedKv<T> dkv(kv);
   DeviceBuffer<float> dq(q), dout(size_t(batch) * hq * c.head_dim), dlse(size_t(batch) * hq);
@@ -162,6 +176,13 @@ void run_case(const Case& c, uint32_t seed) {
   if (c.key_mass) {
     p.key_mass = dmass.data();
     p.key_mass_stride = max_len;
+  }
+  if (c.rope != 0) {
+    p.key_rope_pos = drope_pos.data();
+    p.rope.cos_sin = reinterpret_cast<const float2*>(dtable.data());
+    p.rope.n_positions = max_len;
+    p.rope.half = c.head_dim / 2;
+    p.rope.neox = c.rope == 2;
   }
   DecodePlan plan = plan_decode(batch, c.hkv, max_keys);
   if (c.keys_per_split > 0) {
@@ -210,7 +231,7 @@ void sweep(uint32_t seed0) {
           const int hkv = group == 8 ? 1 : 2;
           Case c{page_size, head_dim, hkv, group, {1, 45, 300, 0, 129}, sel,
                  (seed % 3 == 0) ? window : causal, (seed % 2 == 0) ? 0.1f : 0.f,
-                 seed % 2 == 1, (seed % 4 == 0) ? 32 : 0};
+                 seed % 2 == 1, (seed % 4 == 0) ? 32 : 0, static_cast<int>(seed % 5 % 3)};
           SCOPED_TRACE(::testing::Message() << testing::type_name<T>() << " page " << page_size
                                             << " d " << head_dim << " G " << group << " sel "
                                             << int(sel) << " seed " << seed);

@@ -5,7 +5,6 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include <cmath>
 
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/numeric.cuh"
@@ -39,18 +38,19 @@ __global__ void rms_norm_kernel(const float* __restrict__ x, const float* __rest
 }
 
 __global__ void rope_kernel(float* __restrict__ x, const int32_t* __restrict__ pos,
-                            const float* __restrict__ inv_freq, int n_heads, int head_dim,
+                            const double* __restrict__ inv_freq, int n_heads, int head_dim,
                             RopePairs pairs) {
   const int token = blockIdx.x;
   const int half = head_dim / 2;
-  const float p = static_cast<float>(pos[token]);
+  const double p = static_cast<double>(pos[token]);
   for (int e = threadIdx.x; e < n_heads * half; e += blockDim.x) {
     const int head = e / half, i = e % half;
     float* h = x + (size_t(token) * n_heads + head) * head_dim;
     const int ia = pairs == RopePairs::kInterleaved ? 2 * i : i;
     const int ib = pairs == RopePairs::kInterleaved ? 2 * i + 1 : i + half;
-    float s, c;
-    sincosf(p * inv_freq[i], &s, &c);
+    double sd, cd;
+    sincos(p * inv_freq[i], &sd, &cd);
+    const float s = static_cast<float>(sd), c = static_cast<float>(cd);
     const float a = h[ia], b = h[ib];
     h[ia] = a * c - b * s;
     h[ib] = a * s + b * c;
@@ -103,19 +103,12 @@ template void rms_norm<float>(const float*, const float*, float, int, int, float
 template void rms_norm<__nv_bfloat16>(const float*, const float*, float, int, int, __nv_bfloat16*,
                                       cudaStream_t);
 
-void rope(float* x, const int32_t* pos, const float* inv_freq, int n_tokens, int n_heads,
+void rope(float* x, const int32_t* pos, const double* inv_freq, int n_tokens, int n_heads,
           int head_dim, RopePairs pairs, cudaStream_t stream) {
   if (head_dim % 2 != 0) fail("rope: head_dim ", head_dim, " must be even");
   if (n_tokens <= 0) return;
   rope_kernel<<<n_tokens, kRowThreads, 0, stream>>>(x, pos, inv_freq, n_heads, head_dim, pairs);
   KVLAB_CUDA_CHECK_LAUNCH();
-}
-
-std::vector<float> rope_inv_freq(float theta, int head_dim) {
-  std::vector<float> f(head_dim / 2);
-  for (int i = 0; i < head_dim / 2; ++i)
-    f[i] = static_cast<float>(std::pow(double(theta), -2.0 * i / head_dim));
-  return f;
 }
 
 template <class OutT>

@@ -20,12 +20,12 @@ void rms_norm(const float* x, const float* w, float eps, int n_tokens, int dim, 
 // Rotary embedding in place on x [n_tokens, n_heads, head_dim] at positions pos [n_tokens]:
 // each pair (a, b) rotates by angle pos * inv_freq[i]:  (a cos - b sin, a sin + b cos).
 // Pairs: interleaved (2i, 2i + 1) (GGUF llama, llama2.c) or neox (i, i + head_dim / 2) (HF).
-// inv_freq [head_dim / 2] carries theta and any scaling (rope_inv_freq below, or the caller's).
+// inv_freq [head_dim / 2] (double) carries theta and any scaling (rope_table.h's rope_inv_freq,
+// or kernels/cpu's for scaled configs); angles in double and cos/sin rounded to float, as on
+// the CPU, so both paths rotate identically.
 enum class RopePairs { kInterleaved, kNeox };
-void rope(float* x, const int32_t* pos, const float* inv_freq, int n_tokens, int n_heads,
+void rope(float* x, const int32_t* pos, const double* inv_freq, int n_tokens, int n_heads,
           int head_dim, RopePairs pairs, cudaStream_t stream = nullptr);
-// Host: inv_freq[i] = theta^(-2i / head_dim), i < head_dim / 2 (no scaling).
-std::vector<float> rope_inv_freq(float theta, int head_dim);
 
 // out[i] = silu(gate[i]) * up[i], silu(g) = g / (1 + exp(-g)); n elements. OutT float or bf16.
 template <class OutT>

@@ -10,6 +10,7 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_kv_store.h"
 #include "kernels/cuda/gemm.h"
+#include "kernels/cuda/rope_table.h"
 #include "kernels/cuda/test_util.h"
 
 namespace kvlab::cuda {
@@ -53,10 +54,11 @@ TEST_F(LayerOpsGpu, RopeBothPairings) {
   std::mt19937 rng(2);
   const int n = 5, heads = 3, d = 64;
   const std::vector<int32_t> pos{0, 1, 17, 1000, 40000};
-  const auto inv = rope_inv_freq(500000.f, d);
+  const std::vector<double> inv = rope_inv_freq(500000.0, d);
   for (RopePairs pairs : {RopePairs::kInterleaved, RopePairs::kNeox}) {
     const auto x = random_normal(rng, size_t(n) * heads * d);
-    DeviceBuffer<float> dx(x), dinv(inv);
+    DeviceBuffer<float> dx(x);
+    DeviceBuffer<double> dinv(inv);
     DeviceBuffer<int32_t> dpos(pos);
     rope(dx.data(), dpos.data(), dinv.data(), n, heads, d, pairs);
     const auto y = dx.download();
@@ -65,13 +67,13 @@ TEST_F(LayerOpsGpu, RopeBothPairings) {
         for (int i = 0; i < d / 2; ++i) {
           const int ia = pairs == RopePairs::kInterleaved ? 2 * i : i;
           const int ib = pairs == RopePairs::kInterleaved ? 2 * i + 1 : i + d / 2;
+          // The CPU's recipe: angle in double, cos/sin rounded to float, rotation in float.
           const double ang = double(pos[t]) * inv[i];
+          const float c = float(std::cos(ang)), s = float(std::sin(ang));
           const size_t base = (size_t(t) * heads + h) * d;
-          const double a = x[base + ia], b = x[base + ib];
-          // fp32 angle: tolerance grows with the position (the CPU path computes it the same way)
-          const double tol = 1e-5 * (1 + pos[t]) * inv[i] + 1e-4;
-          ASSERT_NEAR(y[base + ia], a * std::cos(ang) - b * std::sin(ang), tol);
-          ASSERT_NEAR(y[base + ib], a * std::sin(ang) + b * std::cos(ang), tol);
+          const float a = x[base + ia], b = x[base + ib];
+          ASSERT_NEAR(y[base + ia], a * c - b * s, 1e-6f * (1 + std::abs(a) + std::abs(b)));
+          ASSERT_NEAR(y[base + ib], a * s + b * c, 1e-6f * (1 + std::abs(a) + std::abs(b)));
         }
       }
     }

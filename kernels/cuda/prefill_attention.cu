@@ -41,7 +41,7 @@ struct PrefillShape {
   static constexpr int kPvSteps = kKeys / 16;        // k-steps of O = P V
   static constexpr int kOutBlocks = kHeadDim / 8;    // n-tiles of O (loaded two at a time)
   static constexpr size_t kSmemBytes =
-      sizeof(T) * size_t(kTileElems) * (1 + 2 * kStages) + sizeof(int) * kStages * kKeys;
+      sizeof(T) * size_t(kTileElems) * (1 + 2 * kStages) + 2 * sizeof(int) * kStages * kKeys;
   static_assert(kRows == kKeys && (kRows * kRowChunks) % kThreads == 0 && kOutBlocks % 2 == 0);
 };
 
@@ -97,6 +97,7 @@ __global__ void __launch_bounds__(kThreads) prefill_kernel(const PrefillParams<T
   T* k_s = q_s + Shape::kTileElems;                        // [kStages][kKeys][kStride]
   T* v_s = k_s + kStages * Shape::kTileElems;              // [kStages][kKeys][kStride]
   int* kpos_s = reinterpret_cast<int*>(v_s + kStages * Shape::kTileElems);  // [kStages][kKeys]
+  int* rope_pos_s = kpos_s + kStages * kKeys;                                // [kStages][kKeys]
 
   const int head = blockIdx.y, b = blockIdx.z;
   const int row_begin = p.qo_indptr[b], n_rows = p.qo_indptr[b + 1] - row_begin;
@@ -156,6 +157,10 @@ __global__ void __launch_bounds__(kThreads) prefill_kernel(const PrefillParams<T
         } else {
           kpos_s[stage * kKeys + row] = slot;
         }
+        if (p.key_rope_pos != nullptr)
+          cp_async_4(rope_pos_s + stage * kKeys + row,
+                     p.key_rope_pos + (in_range ? p.kv.slot_meta_offset(b, slot, kv_head) : 0),
+                     in_range);
       }
     }
   };
@@ -194,9 +199,24 @@ __global__ void __launch_bounds__(kThreads) prefill_kernel(const PrefillParams<T
         q_frag[kc][3] = load_pair(qb + 8);
       }
     }
-    const T* ks = k_s + stage * Shape::kTileElems;
+    T* ks = k_s + stage * Shape::kTileElems;
     const T* vs = v_s + stage * Shape::kTileElems;
     const int* kpos = kpos_s + stage * kKeys;
+    if (p.key_rope_pos != nullptr) {
+      // Rope at read: rotate every (key, pair) of the tile in place, in fp32.
+      const int half = kHeadDim / 2;
+      for (int e = tid; e < kKeys * half; e += kThreads) {
+        const int key = e / half, i = e % half;
+        const int rp = rope_pos_s[stage * kKeys + key];
+        const float2 cs = p.rope.at(rp > 0 ? rp : 0, i);
+        T* a_ptr = ks + key * Shape::kStride + (p.rope.neox ? i : 2 * i);
+        T* b_ptr = ks + key * Shape::kStride + (p.rope.neox ? i + half : 2 * i + 1);
+        const float a = to_float(*a_ptr), bb = to_float(*b_ptr);
+        *a_ptr = from_float<T>(a * cs.x - bb * cs.y);
+        *b_ptr = from_float<T>(a * cs.y + bb * cs.x);
+      }
+      __syncthreads();
+    }
 
     // S = Q K^T for this warp's 16 rows x 64 keys.
     float s[Shape::kKeyBlocks][4];
@@ -315,6 +335,9 @@ void prefill_attention(const PrefillParams<T>& p, cudaStream_t stream) {
   if (hkv <= 0 || p.num_qo_heads % hkv != 0)
     fail("prefill_attention: ", p.num_qo_heads, " query heads over ", hkv, " KV heads");
   if (p.kv.page_size <= 0) fail("prefill_attention: page_size must be positive");
+  if (p.key_rope_pos != nullptr &&
+      (p.rope.half * 2 != p.kv.head_dim || p.rope.cos_sin == nullptr || p.rope.n_positions <= 0))
+    fail("prefill_attention: rope at read needs a RopeTableView for head_dim ", p.kv.head_dim);
   if (p.batch == 0 || p.max_rows == 0) return;
   switch (p.kv.head_dim) {
     case 64: launch_prefill<T, 64>(p, stream); break;

@@ -25,6 +25,7 @@
 #include "kernels/common/key_selection.h"
 #include "kernels/common/masks.h"
 #include "kernels/common/paged_kv.h"
+#include "kernels/cuda/rope_table.h"
 
 namespace kvlab::cuda {
 
@@ -43,6 +44,10 @@ struct PrefillParams {
   float scale = 1.f;
   float* out = nullptr;               // [total_rows, num_qo_heads, head_dim]
   float* lse = nullptr;               // optional [total_rows, num_qo_heads]
+  // Rope at read (rope_at_cache_position policies): raw keys rotated to key_rope_pos (paged like
+  // kv_pos) in fp32 when the tile lands in shared memory, then rounded to T for the MMA.
+  const int32_t* key_rope_pos = nullptr;  // [num_pages, num_kv_heads, page_size]; null = off
+  RopeTableView rope;
 };
 
 // T = __half or __nv_bfloat16; head_dim 64 or 128. Throws kvlab::Error for other shapes.

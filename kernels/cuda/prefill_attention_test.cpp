@@ -55,7 +55,8 @@ HostSel make_sel(std::mt19937& rng, int kind, const std::vector<int32_t>& length
 
 template <class T>
 void run_case(int page_size, int head_dim, int hkv, int group, const std::vector<int>& rows,
-              int sel_kind, WindowSinkMask mask, bool holes, bool explicit_q_pos, uint32_t seed) {
+              int sel_kind, WindowSinkMask mask, bool holes, bool explicit_q_pos, uint32_t seed,
+              int rope = 0 /* rope at read: 0 off, 1 interleaved, 2 neox */) {
   std::mt19937 rng(seed);
   const int batch = static_cast<int>(rows.size()), hq = hkv * group;
   std::vector<int32_t> lengths(batch), qo_indptr{0};
@@ -75,6 +76,10 @@ void run_case(int page_size, int head_dim, int hkv, int group, const std::vector
     for (int r = 0; r < rows[b]; ++r) q_pos[qo_indptr[b] + r] = lengths[b] - rows[b] + r;
   const HostSel sel = make_sel(rng, sel_kind, lengths, hkv, page_size);
   const float scale = 1.f / std::sqrt(float(head_dim));
+  int max_len = 1;
+  for (int32_t len : lengths) max_len = std::max(max_len, len);
+  const std::vector<int32_t> rope_pos = testing::cache_rank_positions(kv);
+  const std::vector<float> table = rope_cos_sin_table(rope_inv_freq(10000.0, head_dim), max_len);
 
   // Reference.
   const auto view = kv.view();
@@ -93,6 +98,13 @@ void run_case(int page_size, int head_dim, int hkv, int group, const std::vector
           if (pos < 0 || !mask(q_pos[row], pos)) continue;
           double dot = 0;
           const float* k = kv.k.data() + view.slot_offset(b, slot, kvh);
+          std::vector<float> rotated;
+          if (rope != 0) {  // rotated in fp32, then rounded to T for the tensor cores
+            rotated = testing::rotate_key(k, head_dim, rope_pos[view.slot_meta_offset(b, slot, kvh)],
+                                          rope == 2, table);
+            for (auto& x : rotated) x = testing::round_to<T>(x);
+            k = rotated.data();
+          }
           for (int f = 0; f < head_dim; ++f) dot += double(q[(size_t(row) * hq + h) * head_dim + f]) * k[f];
           s[n] = dot * scale;
           m = std::max(m, s[n]);
@@ -129,6 +141,15 @@ void run_case(int page_size, int head_dim, int hkv, int group, const std::vector
   p.scale = scale;
   p.out = dout.data();
   p.lse = dlse.data();
+  DeviceBuffer<int32_t> drope_pos(rope_pos);
+  DeviceBuffer<float> dtable(table);
+  if (rope != 0) {
+    p.key_rope_pos = drope_pos.data();
+    p.rope.cos_sin = reinterpret_cast<const float2*>(dtable.data());
+    p.rope.n_positions = max_len;
+    p.rope.half = head_dim / 2;
+    p.rope.neox = rope == 2;
+  }
   prefill_attention<T>(p);
   KVLAB_CUDA_CHECK(cudaDeviceSynchronize());
   const auto out = dout.download(), lse = dlse.download();
@@ -172,8 +193,10 @@ void sweep(uint32_t seed) {
           SCOPED_TRACE(::testing::Message() << testing::type_name<T>() << " page " << page_size
                                             << " d " << head_dim << " G " << group << " sel "
                                             << sel_kind << " seed " << seed);
+          const int rope = static_cast<int>(seed % 5 % 3);
           run_case<T>(page_size, head_dim, hkv, group, {1, 130, 0, 65, 64}, sel_kind, mask,
-                      holes, explicit_pos, seed++);
+                      holes, explicit_pos, seed, rope);
+          ++seed;
           if (::testing::Test::HasFatalFailure()) return;
         }
       }

@@ -139,6 +139,36 @@ struct DevicePagedKv {
   }
 };
 
+// Rope at read for tests: key_rope_pos (paged like kv_pos) = rank of the slot among the valid
+// slots of its head (StreamingLLM's cache positions; holes -1), and a host copy of the key
+// rotated as the kernels do (float cos/sin of the CPU table, fp32 arithmetic).
+inline std::vector<int32_t> cache_rank_positions(const HostPagedKv& kv) {
+  std::vector<int32_t> rank(kv.kv_pos.size(), -1);
+  const auto view = kv.view();
+  for (size_t b = 0; b < kv.lengths.size(); ++b)
+    for (int h = 0; h < kv.num_kv_heads; ++h) {
+      int r = 0;
+      for (int s = 0; s < kv.lengths[b]; ++s) {
+        const size_t m = view.slot_meta_offset(int(b), s, h);
+        if (kv.kv_pos[m] >= 0) rank[m] = r++;
+      }
+    }
+  return rank;
+}
+
+inline std::vector<float> rotate_key(const float* k, int head_dim, int pos, bool neox,
+                                     const std::vector<float>& cos_sin_table) {
+  std::vector<float> out(k, k + head_dim);
+  const int half = head_dim / 2;
+  for (int i = 0; i < half; ++i) {
+    const float c = cos_sin_table[(size_t(pos) * half + i) * 2], s = cos_sin_table[(size_t(pos) * half + i) * 2 + 1];
+    const int ia = neox ? i : 2 * i, ib = neox ? i + half : 2 * i + 1;
+    out[ia] = k[ia] * c - k[ib] * s;
+    out[ib] = k[ia] * s + k[ib] * c;
+  }
+  return out;
+}
+
 // Random normal floats.
 inline std::vector<float> random_normal(std::mt19937& rng, size_t n, float stddev = 1.f) {
   std::normal_distribution<float> nd(0.f, stddev);
