@@ -2,7 +2,6 @@
 
 #include <omp.h>
 
-#include "framework/core/error.h"
 
 namespace kvlab {
 
@@ -16,15 +15,16 @@ void ThreadPool::run(const std::function<void(int thread)>& fn) {
     fn(0);
     return;
   }
-  int team = 0;
+  int team = n_threads_;
 #pragma omp parallel num_threads(n_threads_)
   {
     const int t = omp_get_thread_num();
     if (t == 0) team = omp_get_num_threads();
     fn(t);
   }
-  KVLAB_CHECK(team == n_threads_, "OpenMP gave ", team, " threads instead of ", n_threads_,
-              " (OMP_DYNAMIC or OMP_THREAD_LIMIT set?)");
+  // OpenMP may give fewer threads (nested inside another parallel region, OMP_THREAD_LIMIT):
+  // the missing thread indices then run here, one after another.
+  for (int t = team; t < n_threads_; ++t) fn(t);
 }
 
 void ThreadPool::parallel_for(int64_t n_tasks,

@@ -27,7 +27,8 @@ class ThreadPool {
 
   int size() const { return n_threads_; }
 
-  // fn(thread) on each thread 0..size()-1; returns when all are done.
+  // fn(thread) for each thread index 0..size()-1 (in parallel when OpenMP gives the threads);
+  // returns when all are done.
   void run(const std::function<void(int thread)>& fn);
 
   // fn(begin, end, thread) on each thread's static range of [0, n_tasks) (empty ranges skipped).
