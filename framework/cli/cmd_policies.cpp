@@ -48,7 +48,10 @@ int run_policies(const std::vector<std::string>& args) {
       ("plugin", po::value<std::vector<std::string>>()->composing(),
        "load a policy plugin (shared library) first (repeatable)")
       ("name", po::value<std::string>(), "show only this policy")
-      ("names-only", po::bool_switch(), "print only the names, one per line");
+      ("names-only", po::bool_switch(), "print only the names, one per line")
+      ("instantiate", po::bool_switch(),
+       "also create each listed policy with its defaults and its unlimited parameters (a smoke "
+       "test for plugins)");
   po::positional_options_description pos;
   po::variables_map vm;
   if (!parse_options(args, args[0] + " [--plugin PATH]... [--name NAME]", desc, pos, vm)) return 0;
@@ -59,6 +62,14 @@ int run_policies(const std::vector<std::string>& args) {
   std::vector<std::string> names =
       vm.count("name") ? std::vector<std::string>{registry.at(vm["name"].as<std::string>()).name()}
                        : registry.names();
+  if (vm["instantiate"].as<bool>()) {
+    const PolicyModelShape shape{12, 12, 12, 64, 4096};
+    for (const std::string& n : names) {
+      registry.create(n, {}, shape, n + ".defaults");
+      if (auto unlimited = registry.at(n).unlimited_params())
+        registry.create(n, *unlimited, shape, n + ".unlimited");
+    }
+  }
   for (size_t i = 0; i < names.size(); ++i) {
     if (vm["names-only"].as<bool>()) {
       std::printf("%s\n", names[i].c_str());

@@ -14,7 +14,7 @@ rm -rf "$work"
 cmake --install "$bin" --prefix "$work/prefix" --component policy_api
 cmake -S "$src/policies/examples" -B "$work/build" -DKVLAB_ROOT="$work/prefix" -DCMAKE_BUILD_TYPE=Release
 cmake --build "$work/build"
-out=$("$kvlab" policies --plugin "$work/build/knorm.so")
+out=$("$kvlab" policies --instantiate --plugin "$work/build/knorm.so")
 echo "$out"
 grep -q "^knorm" <<<"$out" || { echo "knorm not listed by kvlab policies" >&2; exit 1; }
 grep -q "keep" <<<"$out" || { echo "knorm parameters not listed" >&2; exit 1; }
