@@ -57,7 +57,14 @@ else
   stamp "tests FAILED"
 fi
 tail -15 "$out/ctest.log"
-grep -h "needs a CUDA GPU" "$out/ctest.log" | sort | uniq -c | head -3
+if grep -q "(Skipped)" "$out/ctest.log"; then
+  reason="$("$build/kernels_cuda_layer_test" --gtest_filter=LayerOpsGpu.RmsNorm 2>&1 | grep -m1 -o "needs a CUDA GPU.*")"
+  echo "GPU tests skipped: ${reason:-unknown reason}"
+  if nvidia-smi -L 2>/dev/null | grep -q "GPU"; then
+    status=1  # a GPU is there but the tests could not use it: not a pass
+    echo "ERROR: nvidia-smi lists a GPU but the CUDA tests skipped"
+  fi
+fi
 
 # 3. Memory check of one small case of each attention kernel.
 if [[ "${KVLAB_SANITIZE:-1}" == "1" ]] && command -v compute-sanitizer >/dev/null 2>&1; then
