@@ -46,6 +46,38 @@ void DeviceBlockTable::upload(const std::vector<int32_t>& indptr,
   KVLAB_CUDA_CHECK(cudaStreamSynchronize(stream));  // host vectors may die after return
 }
 
+KeySelectionView DeviceSelection::upload(const std::vector<int32_t>& indptr,
+                                         const std::vector<KeyRange>& ranges,
+                                         const std::vector<int32_t>& list_slots,
+                                         cudaStream_t stream) {
+  if (indptr.empty() || list_slots.size() + 1 != indptr.size() ||
+      static_cast<size_t>(indptr.back()) != ranges.size())
+    fail("DeviceSelection::upload: indptr [", indptr.size(), "], ranges [", ranges.size(),
+         "], list_slots [", list_slots.size(), "] do not describe one selection");
+  max_count_ = 0;
+  for (size_t l = 0; l < list_slots.size(); ++l) {
+    int count = 0, prev_end = 0;
+    for (int32_t r = indptr[l]; r < indptr[l + 1]; ++r) {
+      const KeyRange kr = ranges[r];
+      if (kr.begin < prev_end || kr.end <= kr.begin || kr.end > list_slots[l])
+        fail("DeviceSelection::upload: list ", l, " range ", r - indptr[l], " [", kr.begin, ", ",
+             kr.end, ") is empty, unsorted, overlapping or past the list's ", list_slots[l], " slots");
+      prev_end = kr.end;
+      count += kr.end - kr.begin;
+    }
+    max_count_ = count > max_count_ ? count : max_count_;
+  }
+  const std::vector<int32_t> offsets = build_key_offsets(indptr, ranges);
+  indptr_.reserve(indptr.size());
+  offsets_.reserve(offsets.size() > 0 ? offsets.size() : 1);
+  ranges_.reserve(ranges.size() > 0 ? ranges.size() : 1);
+  indptr_.upload_prefix(indptr.data(), indptr.size(), stream);
+  offsets_.upload_prefix(offsets.data(), offsets.size(), stream);
+  ranges_.upload_prefix(ranges.data(), ranges.size(), stream);
+  KVLAB_CUDA_CHECK(cudaStreamSynchronize(stream));  // the host vectors may die after return
+  return {indptr_.data(), ranges_.data(), offsets_.data()};
+}
+
 DeviceKvPool::DeviceKvPool(const DeviceKvConfig& config) : config_(config) {
   if (config.n_layers <= 0 || config.num_kv_heads <= 0 || config.head_dim <= 0 ||
       config.page_size <= 0 || config.num_pages <= 0)

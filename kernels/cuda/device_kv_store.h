@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels/common/key_selection.h"
 #include "kernels/common/paged_kv.h"
 #include "kernels/cuda/device_buffer.h"
 
@@ -45,6 +46,22 @@ class DeviceBlockTable {
  private:
   int batch_ = 0;
   DeviceBuffer<int32_t> indptr_, indices_, last_page_len_;
+};
+
+// A step's key selection on the device (one per layer: policies select per layer): ranges in
+// indptr form plus their key offsets, uploaded in one call; max_count() sizes plan_decode.
+class DeviceSelection {
+ public:
+  // indptr [n_lists + 1] into ranges (sorted, disjoint per list; KeySelection::ranges has this
+  // layout). list_slots [n_lists] bounds each list (checked: ranges must lie in [0, slots)).
+  KeySelectionView upload(const std::vector<int32_t>& indptr, const std::vector<KeyRange>& ranges,
+                          const std::vector<int32_t>& list_slots, cudaStream_t stream = nullptr);
+  int max_count() const { return max_count_; }
+
+ private:
+  int max_count_ = 0;
+  DeviceBuffer<int32_t> indptr_, offsets_;
+  DeviceBuffer<KeyRange> ranges_;
 };
 
 class DeviceKvPool {

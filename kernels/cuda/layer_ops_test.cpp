@@ -190,6 +190,19 @@ TEST_F(LayerOpsGpu, KvStoreAppendWritesTheHostLayout) {
   }
 }
 
+TEST_F(LayerOpsGpu, DeviceSelectionUploadsRangesAndOffsets) {
+  DeviceSelection sel;
+  const std::vector<int32_t> indptr{0, 2, 2, 3};
+  const std::vector<KeyRange> ranges{{0, 4}, {10, 13}, {5, 6}};
+  const KeySelectionView v = sel.upload(indptr, ranges, {20, 5, 6});
+  EXPECT_EQ(sel.max_count(), 7);
+  std::vector<int32_t> offsets(3);
+  KVLAB_CUDA_CHECK(cudaMemcpy(offsets.data(), v.key_offset, 12, cudaMemcpyDeviceToHost));
+  EXPECT_EQ(offsets, (std::vector<int32_t>{0, 4, 0}));
+  EXPECT_THROW(sel.upload({0, 1}, {{3, 9}}, {8}), Error);          // past the list's slots
+  EXPECT_THROW(sel.upload({0, 2}, {{3, 5}, {4, 6}}, {8}), Error);  // overlapping
+}
+
 TEST(DeviceKvPool, RejectsBadConfigWithoutTouchingTheDevice) {
   DeviceKvConfig cfg;
   cfg.num_pages = 0;
