@@ -390,7 +390,7 @@ template <class T>
 void decode_attention(const DecodeParams<T>& p, const DecodePlan& plan, DecodeWorkspace& ws,
                       cudaStream_t stream) {
   const int hkv = p.kv.num_kv_heads;
-  if (hkv <= 0 || p.num_qo_heads % hkv != 0 || p.num_qo_heads / hkv > kMaxGroup)
+  if (hkv <= 0 || p.num_qo_heads < hkv || p.num_qo_heads % hkv != 0 || p.num_qo_heads / hkv > kMaxGroup)
     fail("decode_attention: ", p.num_qo_heads, " query heads over ", hkv,
          " KV heads (need a group size of 1..", kMaxGroup, ")");
   if (p.kv.page_size <= 0) fail("decode_attention: page_size must be positive");

@@ -332,7 +332,7 @@ void launch_prefill(const PrefillParams<T>& p, cudaStream_t stream) {
 template <class T>
 void prefill_attention(const PrefillParams<T>& p, cudaStream_t stream) {
   const int hkv = p.kv.num_kv_heads;
-  if (hkv <= 0 || p.num_qo_heads % hkv != 0)
+  if (hkv <= 0 || p.num_qo_heads < hkv || p.num_qo_heads % hkv != 0)
     fail("prefill_attention: ", p.num_qo_heads, " query heads over ", hkv, " KV heads");
   if (p.kv.page_size <= 0) fail("prefill_attention: page_size must be positive");
   if (p.key_rope_pos != nullptr &&
