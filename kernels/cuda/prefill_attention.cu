@@ -170,8 +170,6 @@ __global__ void __launch_bounds__(kThreads) prefill_kernel(const PrefillParams<T
   const int row_a = warp * 16 + g, row_b = row_a + 8;
   const int64_t pos_a = r0 + row_a < n_rows ? row_pos(r0 + row_a) : -1;
   const int64_t pos_b = r0 + row_b < n_rows ? row_pos(r0 + row_b) : -1;
-  // Tiles that need no per-element mask: every key a valid slot at position = slot, all causal.
-  const bool dense_positions = p.kv_pos == nullptr && p.sel.all() && p.mask.window <= 0;
 
   uint32_t q_frag[Shape::kQkSteps][4];
   float o[Shape::kOutBlocks][4];
@@ -187,7 +185,20 @@ __global__ void __launch_bounds__(kThreads) prefill_kernel(const PrefillParams<T
     if (it + 1 < n_tiles) load_tile((it + 1) % kStages, n0 + kKeys);
     cp_async_commit();
     cp_async_wait<1>();
-    __syncthreads();
+    // A tile needs no per-element mask when every key is in range, valid and at a position
+    // <= the CTA's first query position (causal, no window): each thread checks the key
+    // positions it copied itself (visible to it after its own wait), the barrier ANDs them.
+    bool my_keys_full = p.mask.window <= 0;
+#pragma unroll
+    for (int i = 0; i < Shape::kLoadsPerThread; ++i) {
+      const int c = tid + i * kThreads;
+      if (c % Shape::kRowChunks == 0) {
+        const int row = c / Shape::kRowChunks;
+        const int key_pos = kpos_s[stage * kKeys + row];
+        my_keys_full = my_keys_full && n0 + row < n_end && key_pos >= 0 && key_pos <= min_q_pos;
+      }
+    }
+    const bool full_tile = __syncthreads_and(my_keys_full) != 0;
     if (it == 0) {
 #pragma unroll
       for (int kc = 0; kc < Shape::kQkSteps; ++kc) {
@@ -232,7 +243,6 @@ __global__ void __launch_bounds__(kThreads) prefill_kernel(const PrefillParams<T
     }
 
     // Scale, mask, and the online-softmax step for the two rows.
-    const bool full_tile = dense_positions && n0 + kKeys <= n_end && n0 + kKeys - 1 <= min_q_pos;
     float row_max[2] = {kNegInf, kNegInf};
 #pragma unroll
     for (int j = 0; j < Shape::kKeyBlocks; ++j) {
