@@ -219,8 +219,17 @@ void bench_prefill(std::vector<Row>& rows, bool quick) {
     p.scale = 1.f / std::sqrt(float(d));
     p.out = out.data();
     p.lse = lse.data();
-    for (int windowed = 0; windowed < 2; ++windowed) {
+    // Positions as the device store keeps them (slot order, no holes).
+    std::vector<int32_t> pos_host(size_t(num_pages) * hkv * page, -1);
+    for (int pi = 0; pi < num_pages; ++pi)
+      for (int h = 0; h < hkv; ++h)
+        for (int e = 0; e < page && pi * page + e < len; ++e)
+          pos_host[(size_t(pi) * hkv + h) * page + e] = pi * page + e;
+    DeviceBuffer<int32_t> dpos(pos_host);
+    for (int variant = 0; variant < 3; ++variant) {
+      const bool windowed = variant == 1;
       PrefillParams<T> c = p;
+      if (variant == 2) c.kv_pos = dpos.data();
       double pairs = double(len) * (len + 1) / 2;
       if (windowed) {
         const int w = 4096, s = 4;
@@ -229,7 +238,7 @@ void bench_prefill(std::vector<Row>& rows, bool quick) {
         for (int i = 0; i < len; ++i) pairs += std::min(i + 1, w) + std::min(std::max(i + 1 - w, 0), s);
       }
       const double ms = median_ms([&] { prefill_attention<T>(c); }, 2, quick ? 3 : 10);
-      rows.push_back({"prefill", windowed ? "window4096+sinks4" : "causal", 1, len, hq, hkv, d, page,
+      rows.push_back({"prefill", variant == 0 ? "causal" : variant == 1 ? "window4096+sinks4" : "causal+positions", 1, len, hq, hkv, d, page,
                       1.0, 0, 1, ms, 0, 4.0 * hq * d * pairs});
       std::printf("%s\n", csv_line(rows.back()).c_str());
     }
