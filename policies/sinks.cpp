@@ -2,7 +2,9 @@
 // sinks) and the R most recent: after every forward step, if n > S + R resident tokens, keep
 // ranks [0, S) u [n - R, n) and evict the rest, so a decode step reads at most S + R + 1 keys.
 // The rows of a prefill chunk are masked to the same pattern, allow(i, j) = j < S or i - j <= R,
-// so a chunked prefill reads exactly what token-by-token streaming would.
+// so a chunked prefill reads the same keys token-by-token streaming would (with
+// rope_positions=cache their rotations then follow ranks in the chunk's pre-eviction cache, so
+// only one-token steps reproduce StreamingLLM's positions exactly).
 //   rope_positions=cache (default): keys stored before RoPE and rotated at read time with their
 //     rank in the cache; the query gets position = number of cached tokens (PolicyNeeds).
 //   rope_positions=original: keys rotated at their text positions; then the reads equal dense
