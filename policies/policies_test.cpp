@@ -168,6 +168,10 @@ TEST(Scorer, SinksRecentAndTopKWithTiesToLowerPosition) {
   ScorerBudget r;
   r.ratio = true, r.recent = 0.1, r.keep = 0.25;
   EXPECT_EQ(r.total_tokens(100), 35);
+  // Ratios round up: a stream's first tokens are not all evicted (sinks would be lost).
+  EXPECT_EQ(r.recent_tokens(1), 1);
+  EXPECT_EQ(r.keep_tokens(3), 1);
+  EXPECT_EQ(r.total_tokens(10), 1 + 3);
 }
 
 // Per-layer budgets: layer 1 keeps half of layer 0's.

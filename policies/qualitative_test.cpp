@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -57,7 +58,9 @@ StreamRun stream(const Model& m, std::unique_ptr<AttentionPolicy> p, const std::
 
 TEST(Qualitative, StreamingAndBudgetsOnTheBundledModel) {
   const fs::path src = KVLAB_SOURCE_DIR;
-  const fs::path model_path = src / "data/models/kvlab-tiny.gguf";
+  // KVLAB_TINY_MODEL overrides the bundled file (e.g. a checkpoint exported elsewhere).
+  const char* override_path = std::getenv("KVLAB_TINY_MODEL");
+  const fs::path model_path = override_path ? fs::path(override_path) : src / "data/models/kvlab-tiny.gguf";
   if (!fs::exists(model_path))
     GTEST_SKIP() << "needs the bundled model data/models/kvlab-tiny.gguf: absent (see data/README.md)";
   auto model = load_model(model_path);
@@ -85,11 +88,11 @@ TEST(Qualitative, StreamingAndBudgetsOnTheBundledModel) {
   const StreamRun window = run("sliding_window", {{"window", int64_t(kCache)}});
   const StreamRun h2o = run("h2o", {{"heavy", 0.1}, {"recent", 0.1}});
   const StreamRun landmark = run("landmark", {{"chunk_size", int64_t(32)}, {"window", int64_t(128)},
-                                        {"top_k", int64_t(6)}, {"sinks", int64_t(4)}});
+                                        {"top_k", int64_t(4)}, {"sinks", int64_t(4)}});
   EXPECT_LE(sinks.ppl, 1.25 * full.ppl) << "sinks should stay close to full";
   EXPECT_GE(window.ppl, 2.0 * sinks.ppl) << "a plain window should blow up past its size";
   EXPECT_LE(h2o.ppl, 1.25 * full.ppl) << "h2o at 20% should stay close to full";
-  EXPECT_LE(landmark.read_frac, 0.3) << "landmark should read about 25% of the context";
+  EXPECT_LE(landmark.read_frac, 0.27) << "landmark should read about 25% of the context";
   EXPECT_LE(landmark.ppl, 1.25 * full.ppl) << "landmark at 25% should stay close to full";
 }
 

@@ -9,11 +9,13 @@
 
 namespace kvlab {
 
+// Ratios round up: a short sequence keeps at least one token of each non-zero kind. (Rounding
+// down would evict everything during the first 1/ratio tokens of a stream, sinks included.)
 int64_t ScorerBudget::recent_tokens(int64_t n_seen) const {
-  return ratio ? int64_t(std::floor(recent * double(n_seen))) : int64_t(recent);
+  return ratio ? int64_t(std::ceil(recent * double(n_seen) - 1e-9)) : int64_t(recent);
 }
 int64_t ScorerBudget::keep_tokens(int64_t n_seen) const {
-  return ratio ? int64_t(std::floor(keep * double(n_seen))) : int64_t(keep);
+  return ratio ? int64_t(std::ceil(keep * double(n_seen) - 1e-9)) : int64_t(keep);
 }
 
 ScorerBudget ScorerBudget::from_params(const ParamValues& p, const std::string& keep_name) {

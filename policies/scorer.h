@@ -3,7 +3,7 @@
 // A subclass implements ONE hook, score(): a number per candidate token, higher = keep. The base
 // does the rest, identically for every scorer, after each forward step and per (layer, KV head):
 //   n = resident tokens; budget = sinks + recent + keep (recent/keep in tokens, or as ratios of
-//   the tokens seen so far: floor(ratio * n_seen));
+//   the tokens seen so far: ceil(ratio * n_seen), so a short stream never drops to zero);
 //   if n > budget: keep the first `sinks` resident tokens, the `recent` most recent ones, and the
 //   `keep` best-scored among the rest (ties: higher score first, then lower position); evict the
 //   others. Selection stays "all" (an eviction policy reads everything it keeps).
