@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -146,7 +147,8 @@ TEST(Fixtures, ListMatchesTheGenerator) {
 }
 
 TEST_P(FixtureTest, ConfigMatchesInEveryFormat) {
-  for (const std::string key : {"gguf", "gguf_f16", "gguf_q8_0", "hf", "hf_sharded", "hf_bf16", "llama2c"}) {
+  for (const std::string key :
+       {"gguf", "gguf_f16", "gguf_q8_0", "hf", "hf_sharded", "hf_bf16", "hf_f16", "llama2c"}) {
     if (!has(key)) continue;
     SCOPED_TRACE(key);
     const auto m = load(file(key));
@@ -168,6 +170,8 @@ TEST_P(FixtureTest, ConfigMatchesInEveryFormat) {
     const bool interleaved = key.rfind("gguf", 0) == 0 ? llama() : key == "llama2c";
     EXPECT_EQ(c.rope_style, interleaved ? RopeStyle::kInterleaved : RopeStyle::kNeox);
     EXPECT_EQ(m->layers.size(), static_cast<size_t>(c.n_layers));
+    const bool mistral_hf = key.rfind("hf", 0) == 0 && meta_["hf_arch"] == "MistralForCausalLM";
+    EXPECT_EQ(c.sliding_window, mistral_hf ? 4096 : 0);
     if (c.tied_embeddings) {
       EXPECT_EQ(m->lm_head.data, m->tok_embeddings.data);
     }
@@ -184,6 +188,7 @@ TEST_P(FixtureTest, WeightsAreIdenticalAcrossFormats) {
   if (has("llama2c")) expect_same(flatten(*load(file("llama2c")), false), ref, "llama2.c");
   if (has("hf_sharded")) expect_same(flatten(*load(file("hf_sharded")), llama()), ref, "hf sharded");
   if (has("hf_bf16")) expect_same(flatten(*load(file("hf_bf16")), llama()), rounded(ref, via_bf16, true), "hf bf16");
+  if (has("hf_f16")) expect_same(flatten(*load(file("hf_f16")), llama()), rounded(ref, via_f16, true), "hf f16");
 }
 
 TEST_P(FixtureTest, ConversionOnLoadMatchesStoredFiles) {
@@ -394,6 +399,41 @@ TEST(BadInput, Llama2cSizeMismatchAndBadHeader) {
   std::memcpy(&bytes[12], &heads, 4);
   write_bytes(p, bytes);
   expect_error(p, {"not a llama2.c checkpoint", "dim is not a multiple of n_heads"});
+}
+
+// Random byte corruption of headers and metadata: either a clean load or a kvlab::Error, never a
+// crash or another exception type (std::bad_alloc, std::length_error, ...).
+TEST(BadInput, RandomCorruptionGivesErrorsNotCrashes) {
+  std::mt19937 rng(1234);
+  const fs::path small = fixtures_dir() / kSmall;
+  struct Target { fs::path src; std::string name; size_t region; };
+  const fs::path hf_dir = scratch("hf_corrupt");
+  fs::create_directories(hf_dir);
+  fs::copy_file(small / "hf/config.json", hf_dir / "config.json", fs::copy_options::overwrite_existing);
+  for (const Target& t : {Target{small / "model.gguf", "c.gguf", 12000}, Target{small / "model.bin", "c.bin", 28},
+                          Target{small / "hf/model.safetensors", "hf_corrupt/model.safetensors", 2500}}) {
+    const std::string clean = read_bytes(t.src);
+    int errors = 0;
+    for (int iter = 0; iter < 80; ++iter) {
+      std::string bytes = clean;
+      const int flips = 1 + static_cast<int>(rng() % 4);
+      for (int k = 0; k < flips; ++k) {
+        bytes[rng() % std::min(t.region, bytes.size())] = static_cast<char>(rng());
+      }
+      const fs::path p = scratch(t.name);
+      write_bytes(p, bytes);
+      LoadOptions opts;
+      opts.load_tokenizer = false;
+      try {
+        load_model(t.name.rfind("hf_", 0) == 0 ? hf_dir : p, opts);
+      } catch (const Error&) {
+        ++errors;
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << t.name << " iteration " << iter << ": non-kvlab exception: " << e.what();
+      }
+    }
+    EXPECT_GT(errors, 0) << t.name;
+  }
 }
 
 TEST(BadInput, QuantizingOddColumnsIsRefused) {
