@@ -6,6 +6,11 @@
 #include <cmath>
 #include <cstring>
 
+#if defined(__F16C__) && defined(__AVX__)
+#include <immintrin.h>
+#define KVLAB_DTYPE_F16C 1
+#endif
+
 #include "framework/core/error.h"
 
 namespace kvlab {
@@ -132,7 +137,14 @@ void to_float(DType dtype, const void* src, float* dst, int64_t n) {
       return;
     case DType::kF16: {
       const auto* h = static_cast<const uint16_t*>(src);
-      for (int64_t i = 0; i < n; ++i) dst[i] = fp16_to_fp32(h[i]);
+      int64_t i = 0;
+#if KVLAB_DTYPE_F16C
+      // Hardware conversion: exact, identical to fp16_to_fp32 (dtype_test checks all patterns).
+      for (; i + 8 <= n; i += 8) {
+        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h + i))));
+      }
+#endif
+      for (; i < n; ++i) dst[i] = fp16_to_fp32(h[i]);
       return;
     }
     case DType::kBF16: {
@@ -154,7 +166,15 @@ void from_float(DType dtype, const float* src, void* dst, int64_t n) {
       return;
     case DType::kF16: {
       auto* h = static_cast<uint16_t*>(dst);
-      for (int64_t i = 0; i < n; ++i) h[i] = fp32_to_fp16(src[i]);
+      int64_t i = 0;
+#if KVLAB_DTYPE_F16C
+      // Round to nearest even, as fp32_to_fp16 (checked in dtype_test).
+      for (; i + 8 <= n; i += 8) {
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(h + i),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+      }
+#endif
+      for (; i < n; ++i) h[i] = fp32_to_fp16(src[i]);
       return;
     }
     case DType::kBF16: {

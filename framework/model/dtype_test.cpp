@@ -117,6 +117,32 @@ TEST(DType, Q8_0MatchesPlainLoopAndErrorBound) {
   EXPECT_THROW(quantize_q8_0(x.data(), q.data(), 33), Error);
 }
 
+// to_float / from_float may take a vector path: they must agree with the scalar conversions on
+// every value, including NaN payloads aside, subnormals, infinities and odd lengths.
+TEST(DType, RowConversionsMatchScalarOnes) {
+  std::mt19937 rng(5);
+  std::uniform_int_distribution<uint32_t> bits;
+  for (int64_t n : {1, 7, 8, 9, 31, 1000}) {
+    std::vector<uint16_t> h(n);
+    std::vector<float> f(n);
+    for (int64_t i = 0; i < n; ++i) {
+      h[i] = static_cast<uint16_t>(bits(rng));
+      f[i] = std::bit_cast<float>(bits(rng));
+      if (i % 3 == 0) f[i] = std::ldexp(static_cast<float>(bits(rng) % 2000) - 1000.f, -int(i % 30));
+      if ((h[i] & 0x7C00) == 0x7C00 && (h[i] & 0x3FF)) h[i] = 0x7C00;  // no NaN: payloads may differ
+      if (std::isnan(f[i])) f[i] = 1.f;
+    }
+    std::vector<float> out(n);
+    to_float(DType::kF16, h.data(), out.data(), n);
+    for (int64_t i = 0; i < n; ++i) {
+      ASSERT_EQ(std::bit_cast<uint32_t>(out[i]), std::bit_cast<uint32_t>(fp16_to_fp32(h[i]))) << i;
+    }
+    std::vector<uint16_t> back(n);
+    from_float(DType::kF16, f.data(), back.data(), n);
+    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(back[i], fp32_to_fp16(f[i])) << f[i];
+  }
+}
+
 TEST(DType, GenericRowConversionsRoundTrip) {
   std::vector<float> x = {0.1f, -2.5f, 3.75f, 1e-3f, 1000.f};
   for (DType t : {DType::kF32, DType::kF16, DType::kBF16}) {

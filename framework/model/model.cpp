@@ -1,11 +1,13 @@
 #include "framework/model/model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <fstream>
 #include <numbers>
 #include <set>
 #include <sstream>
+#include <thread>
 
 #include "framework/core/error.h"
 #include "framework/model/model_loader.h"
@@ -209,12 +211,23 @@ struct Builder {
            " columns, not a multiple of 32: cannot convert to q8_0");
     }
     auto buffer = std::shared_ptr<std::byte[]>(new std::byte[dtype_bytes(target, rows * cols)]);
-    std::vector<float> row(static_cast<size_t>(cols));
     const size_t out_row_bytes = dtype_bytes(target, cols);
-    for (int64_t r = 0; r < rows; ++r) {
-      weight_row_to_float(w, r, row.data());
-      from_float(target, row.data(), buffer.get() + r * out_row_bytes, cols);
+    // Rows are independent: convert them in parallel (a 7B model is ~7e9 values).
+    auto convert = [&](int64_t begin, int64_t end) {
+      std::vector<float> row(static_cast<size_t>(cols));
+      for (int64_t r = begin; r < end; ++r) {
+        weight_row_to_float(w, r, row.data());
+        from_float(target, row.data(), buffer.get() + r * out_row_bytes, cols);
+      }
+    };
+    const int64_t n_threads = std::clamp<int64_t>(rows * cols / (1 << 20), 1,
+                                                  std::max(1u, std::thread::hardware_concurrency()));
+    std::vector<std::thread> threads;
+    for (int64_t t = 1; t < n_threads; ++t) {
+      threads.emplace_back(convert, rows * t / n_threads, rows * (t + 1) / n_threads);
     }
+    convert(0, rows / n_threads);
+    for (std::thread& th : threads) th.join();
     model.storage.push_back(std::shared_ptr<const void>(buffer, buffer.get()));
     return WeightView{target, rows, cols, buffer.get()};
   }
