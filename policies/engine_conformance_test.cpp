@@ -309,27 +309,31 @@ TEST(EngineConformance, WindowMemoryStaysFlat) {
 
 TEST(EngineConformance, MixedLengthBatchWastesUnderFivePercent) {
   auto model = make_random_model(tiny_config(1100), DType::kF32, 99);
-  EngineOptions o = engine_options(4);
-  Engine e(*model, o);
   const PolicyModelShape shape = policy_shape(model->config);
-  std::vector<float> lg;
-  std::vector<SeqId> seqs;
   const int lengths[] = {347, 512, 731, 1001};
-  const char* policies[] = {"full", "sliding_window", "full", "strided"};
-  for (int k = 0; k < 4; ++k) {
-    Params p;
-    if (std::string(policies[k]) == "sliding_window") p = {{"window", int64_t(320)}};
-    seqs.push_back(e.start_sequence(registry().create(policies[k], p, shape)));
-    const auto t = random_tokens(lengths[k], 10 + k);
-    ASSERT_EQ(e.prefill(seqs.back(), t, lg), StepStatus::kOk);
-  }
-  // Decode the batch for a while (the window sequence evicts every step).
-  for (int step = 0; step < 40; ++step) {
-    std::vector<int32_t> tok(4, int32_t(step % 97));
-    ASSERT_EQ(e.decode(seqs, tok, lg), StepStatus::kOk);
-    const KvStats st = e.kv().stats();
-    ASSERT_LT(st.waste_fraction, 0.05) << "step " << step << ": " << st.slots_valid << " live of "
-                                       << st.slots_allocated;
+  // Two mixes: mostly dense, and every sequence evicting (per-head holes, compaction).
+  const std::vector<std::vector<Config>> mixes = {
+      {{"full", {}}, {"sliding_window", {{"window", int64_t(320)}}}, {"full", {}}, {"strided", {}}},
+      {{"h2o", {{"heavy", 0.2}, {"recent", 0.1}}}, {"sinks", {{"recent", int64_t(300)}}},
+       {"h2o", {{"heavy", 0.2}, {"recent", 0.1}}}, {"landmark", {}}},
+  };
+  for (const auto& mix : mixes) {
+    Engine e(*model, engine_options(4));
+    std::vector<float> lg;
+    std::vector<SeqId> seqs;
+    for (int k = 0; k < 4; ++k) {
+      seqs.push_back(e.start_sequence(registry().create(mix[k].policy, mix[k].params, shape)));
+      const auto t = random_tokens(lengths[k], 10 + k);
+      ASSERT_EQ(e.prefill(seqs.back(), t, lg), StepStatus::kOk);
+    }
+    // Decode the batch for a while (the evicting sequences drop tokens every step).
+    for (int step = 0; step < 40; ++step) {
+      std::vector<int32_t> tok(4, int32_t(step % 97));
+      ASSERT_EQ(e.decode(seqs, tok, lg), StepStatus::kOk);
+      const KvStats st = e.kv().stats();
+      ASSERT_LT(st.waste_fraction, 0.05) << describe(mix[0]) << " mix, step " << step << ": "
+                                         << st.slots_valid << " live of " << st.slots_allocated;
+    }
   }
 }
 
