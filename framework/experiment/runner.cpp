@@ -382,6 +382,15 @@ int run_experiment(const ExperimentSpec& spec, const RunOptions& o) {
     std::string text;
     for (const auto& h : spec.niah.haystack) text += (text.empty() ? "" : "\n\n") + read_text(h);
     in.haystack = make_haystack(tokenizer, text);
+    // Every length must hold BOS + needle + question: find out now, naming the key.
+    const NiahOptions opt{spec.niah.needle, spec.niah.question, spec.niah.value_digits};
+    for (size_t i = 0; i < spec.niah.context_lengths.size(); ++i) {
+      try {
+        build_niah_prompt(tokenizer, *in.haystack, opt, spec.niah.context_lengths[i], 50, 0);
+      } catch (const Error& e) {
+        fail(spec.niah.ref.str(), ".context_lengths[", i, "]: ", e.what());
+      }
+    }
   }
   for (size_t i = 0; i < spec.perplexity.text.size(); ++i) {
     std::vector<int32_t> t = tokenizer.encode(read_text(spec.perplexity.text[i]),
