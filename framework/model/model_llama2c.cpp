@@ -9,7 +9,12 @@
 //   freq_cis_imag [seq_len, hd/2] (unused: RoPE is recomputed), wcls [vocab, dim] (unshared only).
 // w1 is the gate, w3 the up projection, w2 the down projection. Q/K are in Meta's interleaved
 // RoPE order. rope theta 10000, RMS epsilon 1e-5. The file size must match the header exactly.
-// The "ak42" versioned exports (v1/v2) are recognised and refused with a clear message.
+//
+// Version 1 export (export.py --version 1): u32 magic "ak42" (0x616b3432), i32 version = 1,
+// the same 7 x int32 (vocab_size positive), u8 shared_classifier, zero padding to 256 bytes, then
+// float32: rms_att [L, dim], rms_ffn [L, dim], rms_final [dim], token_embedding [vocab, dim],
+// wq, wk, wv, wo, w1, w2, w3 (each [L, ...] as above), wcls [vocab, dim] when not shared.
+// Version 2 (group-quantized int8) is refused with a clear message.
 #include <cstring>
 
 #include "framework/core/error.h"
@@ -23,20 +28,35 @@ void load_llama2c(Model& model, const std::filesystem::path& path, const LoadOpt
   model.storage.push_back(map);
   model.files = {path};
   const std::string p = path.string();
-  constexpr size_t kHeaderBytes = 7 * sizeof(int32_t);
-  if (map->size() < kHeaderBytes) {
+  constexpr uint32_t kMagic = 0x616b3432;  // "ak42"
+  if (map->size() < 7 * sizeof(int32_t)) {
     fail(p, ": truncated: ", map->size(), " bytes, too short for a llama2.c header (28 bytes); "
          "expected a .gguf file, a Hugging Face directory or a llama2.c checkpoint");
   }
   int32_t h[7];
-  std::memcpy(h, map->data(), kHeaderBytes);
-  if (static_cast<uint32_t>(h[0]) == 0x616b3432) {
-    fail(p, ": llama2.c export version ", h[1], " (\"ak42\" header) is not supported; "
-         "export with the legacy format (version 0)");
+  int version = 0;
+  size_t header_bytes = 7 * sizeof(int32_t);
+  bool shared = false;
+  uint32_t magic = 0;
+  std::memcpy(&magic, map->data(), 4);
+  if (magic == kMagic) {
+    std::memcpy(&version, map->data() + 4, 4);
+    if (version != 1) {
+      fail(p, ": llama2.c export version ", version, " is not supported (versions 0 and 1: float32)");
+    }
+    header_bytes = 256;
+    if (map->size() < header_bytes) fail(p, ": truncated: ", map->size(), " bytes, the version 1 header has 256");
+    std::memcpy(h, map->data() + 8, sizeof h);
+    const auto flag = static_cast<uint8_t>(map->data()[8 + sizeof h]);
+    if (flag > 1) fail(p, ": not a llama2.c checkpoint (shared_classifier byte is ", int(flag), ")");
+    shared = flag == 1;
+    if (h[5] < 0) fail(p, ": not a llama2.c checkpoint (version 1 with negative vocab_size ", h[5], ")");
+  } else {
+    std::memcpy(h, map->data(), sizeof h);
+    shared = h[5] > 0;
   }
   const int64_t dim = h[0], hidden = h[1], n_layers = h[2], n_heads = h[3], n_kv = h[4],
                 vocab = h[5] < 0 ? -int64_t{h[5]} : h[5], seq_len = h[6];
-  const bool shared = h[5] > 0;
   auto header_error = [&](const std::string& why) {
     fail(p, ": not a llama2.c checkpoint (", why, "; header dim=", dim, " hidden_dim=", hidden,
          " n_layers=", n_layers, " n_heads=", n_heads, " n_kv_heads=", n_kv, " vocab_size=", h[5],
@@ -54,7 +74,7 @@ void load_llama2c(Model& model, const std::filesystem::path& path, const LoadOpt
   // Expected float counts, in file order.
   const int64_t q_dim = n_heads * hd, kv_dim = n_kv * hd;
   struct Block { const char* name; int64_t rows, cols; int64_t count; };
-  const Block blocks[] = {
+  const std::vector<Block> blocks_v0 = {
       {"token_embedding", vocab, dim, 1},      {"rms_att", 1, dim, n_layers},
       {"wq", q_dim, dim, n_layers},            {"wk", kv_dim, dim, n_layers},
       {"wv", kv_dim, dim, n_layers},           {"wo", dim, q_dim, n_layers},
@@ -62,12 +82,20 @@ void load_llama2c(Model& model, const std::filesystem::path& path, const LoadOpt
       {"w2", dim, hidden, n_layers},           {"w3", hidden, dim, n_layers},
       {"rms_final", 1, dim, 1},                {"freq_cis", seq_len, hd, 1},  // real + imag halves
       {"wcls", shared ? 0 : vocab, dim, 1}};
+  const std::vector<Block> blocks_v1 = {
+      {"rms_att", 1, dim, n_layers},           {"rms_ffn", 1, dim, n_layers},
+      {"rms_final", 1, dim, 1},                {"token_embedding", vocab, dim, 1},
+      {"wq", q_dim, dim, n_layers},            {"wk", kv_dim, dim, n_layers},
+      {"wv", kv_dim, dim, n_layers},           {"wo", dim, q_dim, n_layers},
+      {"w1", hidden, dim, n_layers},           {"w2", dim, hidden, n_layers},
+      {"w3", hidden, dim, n_layers},           {"wcls", shared ? 0 : vocab, dim, 1}};
+  const std::vector<Block>& blocks = version == 1 ? blocks_v1 : blocks_v0;
   int64_t expected_floats = 0;
   for (const Block& b : blocks) expected_floats += b.rows * b.cols * b.count;
-  const uint64_t expected_bytes = kHeaderBytes + static_cast<uint64_t>(expected_floats) * 4;
+  const uint64_t expected_bytes = header_bytes + static_cast<uint64_t>(expected_floats) * 4;
   if (map->size() != expected_bytes) {
     const bool short_file = map->size() < expected_bytes;
-    fail(p, ": ", short_file ? "truncated" : "size mismatch", ": llama2.c header (dim=", dim,
+    fail(p, ": ", short_file ? "truncated" : "size mismatch", ": llama2.c v", version, " header (dim=", dim,
          " hidden_dim=", hidden, " n_layers=", n_layers, " n_heads=", n_heads, " n_kv_heads=", n_kv,
          " vocab_size=", h[5], " seq_len=", seq_len, ") needs ", expected_bytes, " bytes, file has ",
          map->size());
@@ -93,7 +121,7 @@ void load_llama2c(Model& model, const std::filesystem::path& path, const LoadOpt
       {"rms_att", "attn_norm"}, {"wq", "wq"}, {"wk", "wk"}, {"wv", "wv"}, {"wo", "wo"},
       {"rms_ffn", "ffn_norm"}, {"w1", "w_gate"}, {"w2", "w_down"}, {"w3", "w_up"}};
   TensorTable table;
-  const std::byte* cursor = map->data() + kHeaderBytes;
+  const std::byte* cursor = map->data() + header_bytes;
   for (const Block& b : blocks) {
     for (int64_t i = 0; i < b.count; ++i) {
       const std::vector<int64_t> shape =

@@ -148,7 +148,7 @@ TEST(Fixtures, ListMatchesTheGenerator) {
 
 TEST_P(FixtureTest, ConfigMatchesInEveryFormat) {
   for (const std::string key :
-       {"gguf", "gguf_f16", "gguf_q8_0", "hf", "hf_sharded", "hf_bf16", "hf_f16", "llama2c"}) {
+       {"gguf", "gguf_f16", "gguf_q8_0", "hf", "hf_sharded", "hf_bf16", "hf_f16", "llama2c", "llama2c_v1"}) {
     if (!has(key)) continue;
     SCOPED_TRACE(key);
     const auto m = load(file(key));
@@ -167,7 +167,7 @@ TEST_P(FixtureTest, ConfigMatchesInEveryFormat) {
     EXPECT_FLOAT_EQ(c.rope_theta, meta_["rope_theta"].get<float>());
     EXPECT_FLOAT_EQ(c.rms_eps, meta_["rms_eps"].get<float>());
     EXPECT_EQ(c.rope_scaling.type, meta_["rope_scaling"].is_null() ? "none" : "llama3");
-    const bool interleaved = key.rfind("gguf", 0) == 0 ? llama() : key == "llama2c";
+    const bool interleaved = key.rfind("gguf", 0) == 0 ? llama() : key.rfind("llama2c", 0) == 0;
     EXPECT_EQ(c.rope_style, interleaved ? RopeStyle::kInterleaved : RopeStyle::kNeox);
     EXPECT_EQ(m->layers.size(), static_cast<size_t>(c.n_layers));
     const bool mistral_hf = key.rfind("hf", 0) == 0 && meta_["hf_arch"] == "MistralForCausalLM";
@@ -186,6 +186,7 @@ TEST_P(FixtureTest, WeightsAreIdenticalAcrossFormats) {
   expect_same(flatten(*load(file("gguf")), false), ref, "gguf f32");
   expect_same(flatten(*load(file("gguf_f16")), false), rounded(ref, via_f16), "gguf f16");
   if (has("llama2c")) expect_same(flatten(*load(file("llama2c")), false), ref, "llama2.c");
+  if (has("llama2c_v1")) expect_same(flatten(*load(file("llama2c_v1")), false), ref, "llama2.c v1");
   if (has("hf_sharded")) expect_same(flatten(*load(file("hf_sharded")), llama()), ref, "hf sharded");
   if (has("hf_bf16")) expect_same(flatten(*load(file("hf_bf16")), llama()), rounded(ref, via_bf16, true), "hf bf16");
   if (has("hf_f16")) expect_same(flatten(*load(file("hf_f16")), llama()), rounded(ref, via_f16, true), "hf f16");
@@ -399,6 +400,14 @@ TEST(BadInput, Llama2cSizeMismatchAndBadHeader) {
   std::memcpy(&bytes[12], &heads, 4);
   write_bytes(p, bytes);
   expect_error(p, {"not a llama2.c checkpoint", "dim is not a multiple of n_heads"});
+
+  std::string v1 = read_bytes(fixtures_dir() / kSmall / "model-v1.bin");
+  write_bytes(p, v1.substr(0, 100));
+  expect_error(p, {"truncated", "256"});
+  int32_t version = 2;
+  std::memcpy(&v1[4], &version, 4);
+  write_bytes(p, v1);
+  expect_error(p, {"llama2.c export version 2 is not supported"});
 }
 
 // Random byte corruption of headers and metadata: either a clean load or a kvlab::Error, never a
@@ -411,6 +420,7 @@ TEST(BadInput, RandomCorruptionGivesErrorsNotCrashes) {
   fs::create_directories(hf_dir);
   fs::copy_file(small / "hf/config.json", hf_dir / "config.json", fs::copy_options::overwrite_existing);
   for (const Target& t : {Target{small / "model.gguf", "c.gguf", 12000}, Target{small / "model.bin", "c.bin", 28},
+                          Target{small / "model-v1.bin", "c1.bin", 256},
                           Target{small / "hf/model.safetensors", "hf_corrupt/model.safetensors", 2500}}) {
     const std::string clean = read_bytes(t.src);
     int errors = 0;
