@@ -7,8 +7,9 @@
 //   - A Hugging Face directory: config.json (LlamaForCausalLM, MistralForCausalLM,
 //     Qwen2ForCausalLM) + model.safetensors or shards listed in model.safetensors.index.json;
 //     dtypes F32/F16/BF16.
-//   - llama2.c checkpoints (*.bin, legacy v0 layout: 7 int32 header, float32 weights); a negative
-//     vocab_size in the header means an unshared classifier. tokenizer.bin next to it.
+//   - llama2.c checkpoints (*.bin, legacy v0 layout: 7 int32 header, float32 weights; a negative
+//     vocab_size in the header means an unshared classifier; or a version 1 "ak42" export).
+//     tokenizer.bin next to it.
 //
 // RoPE: weights are never permuted on load. GGUF `llama` converters and llama2.c (Meta layout)
 // store Q/K rows so that RoPE rotates pairs (2i, 2i+1) of each head (RopeStyle::kInterleaved);
