@@ -258,6 +258,66 @@ TEST_F(RunE2e, StreamingPerplexityEqualsADenseForwardPass) {
   }
 }
 
+// Chunked (llama.cpp) and sliding (Hugging Face) protocols through `kvlab run` against the
+// definitions written out here with dense prefills of the tiny model.
+TEST_F(RunE2e, ChunkedAndSlidingPerplexityMatchTheirDefinitions) {
+  const std::unique_ptr<Model> model = load_model(fixture_model());
+  std::ifstream in(haystack_file());
+  std::stringstream text;
+  text << in.rdbuf();
+  const int vocab = model->config.vocab_size;
+  EngineOptions eo;
+  eo.threads = 1;
+  Engine engine(*model, eo);
+  // -log p(tokens[i] | window[0 .. i - begin)) from one dense prefill of `window`.
+  auto window_nll = [&](const std::vector<int32_t>& window, int64_t j) {
+    const SeqId seq = engine.start_sequence();
+    std::vector<float> logits;
+    EXPECT_EQ(engine.prefill(seq, std::span(window.data(), size_t(j)), logits, false), StepStatus::kOk);
+    engine.end_sequence(seq);
+    return -log_prob(logits, window[j]);
+  };
+  for (const char* protocol : {"chunked", "sliding"}) {
+    SCOPED_TRACE(protocol);
+    const std::string yaml = "model: {path: " + fixture_model().string() + ", threads: 1}\n" +
+                             "policies: [{type: full}]\nevals:\n  perplexity:\n    text: " +
+                             haystack_file().string() + "\n    protocol: " + protocol +
+                             "\n    tokens: 140\n    n_ctx: 64\n    window: 48\n    stride: 20\n";
+    const ExperimentSpec spec = parse_experiment(write_yaml(protocol, yaml));
+    const fs::path out = work_dir() / (std::string(protocol) + ".h5");
+    run_experiment(spec, quiet_options(out));
+    const CellRecord cell = ResultsFile::open(out).read_cell("full", "ppl_T0");
+    const auto& nll = std::get<std::vector<float>>(cell.datasets.at("nll").data);
+    const auto& pos = std::get<std::vector<int64_t>>(cell.datasets.at("positions").data);
+    std::vector<int32_t> tokens = model->tokenizer->encode(text.str(), EncodeOptions{.add_bos = true});
+    tokens.resize(140);
+    std::vector<std::pair<int64_t, double>> expected;  // (position, nll)
+    if (std::string(protocol) == "chunked") {
+      for (int c = 0; c < 2; ++c) {  // floor(140 / 64) windows, BOS first, second half scored
+        std::vector<int32_t> w(tokens.begin() + c * 64, tokens.begin() + (c + 1) * 64);
+        w[0] = model->tokenizer->bos_id();
+        for (int j = 33; j < 64; ++j) expected.emplace_back(c * 64 + j, window_nll(w, j));
+      }
+    } else {
+      // Windows [b, b + 48) for b = 0, 20, 40, ...; each token once, after the previous window.
+      int64_t prev_end = 0;
+      for (int64_t b = 0; b < 140; b += 20) {
+        const int64_t e = std::min<int64_t>(b + 48, 140);
+        std::vector<int32_t> w(tokens.begin() + b, tokens.begin() + e);
+        for (int64_t i = std::max(prev_end, b + 1); i < e; ++i) expected.emplace_back(i, window_nll(w, i - b));
+        prev_end = e;
+        if (e == 140) break;
+      }
+      EXPECT_EQ(expected.size(), 139u);
+    }
+    ASSERT_EQ(nll.size(), expected.size());
+    for (size_t k = 0; k < expected.size(); ++k) {
+      EXPECT_EQ(pos[k], expected[k].first) << k;
+      EXPECT_NEAR(nll[k], expected[k].second, 2e-3 * std::max(1.0, expected[k].second)) << k;
+    }
+  }
+}
+
 TEST_F(RunE2e, ShardsMergedEqualASingleRun) {
   std::vector<fs::path> shards;
   for (int i = 0; i < 3; ++i) {
