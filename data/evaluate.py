@@ -97,7 +97,7 @@ def card_text(ev, ck, log_rows):
     a("training split only (data/train_tokenizer.py).\n")
     a("## Training\n")
     a(f"Recipe: `data/train.sh` (one command). Seed {ck.get('seed', 0)}. AdamW (no weight decay), "
-      "lr 2e-3 cosine to 10%, gradient clip 1.0; ~4k tokens per step cycling lengths 256/512/512/1024;")
+      "lr 2e-3 cosine to 10%, gradient clip 1.0; ~4k tokens per step cycling lengths 256/256/512/1024;")
     a("25% of sequences are needle tasks (5 templates incl. the evaluation's, training values never")
     a("multiples of 11) with answer tokens weighted x5, the rest plain language modelling.")
     a(f"Hardware: 1 thread of a shared 2-core AMD EPYC (Zen 3) VM, torch 1.13 CPU. Steps {ck['step']}, "

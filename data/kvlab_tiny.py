@@ -290,6 +290,46 @@ def wire(model: TinyLlama, pieces, seed=0):
     return masks
 
 
+def fit_bigram(train_ids: np.ndarray, cfg: Config, steps=150, lr=0.05, seed=0, log=None):
+    """Data-derived start for the language-modelling path: a rank-(learned dims) bigram model
+    logits(a -> .) = E[a] @ W^T + b fitted by full-batch Adam on the training split's bigram
+    counts (every training bigram, each step), with |E[a]| <= kLearnedEmbMaxNorm.
+    Returns (E [vocab, n_learned], W [vocab, n_learned], b [vocab]) as float32 tensors."""
+    V, n = cfg.vocab_size, cfg.dim - LEARNED_BEGIN
+    counts = np.zeros((V, V), dtype=np.float32)
+    np.add.at(counts, (train_ids[:-1], train_ids[1:]), 1.0)
+    C = torch.tensor(counts)
+    total = C.sum()
+    uni = torch.tensor(np.bincount(train_ids, minlength=V) + 1.0, dtype=torch.float32)
+    gen = torch.Generator().manual_seed(seed)
+    E = (torch.randn(V, n, generator=gen) * 0.1).requires_grad_()
+    W = (torch.randn(V, n, generator=gen) * 0.1).requires_grad_()
+    b = torch.log(uni / uni.sum()).requires_grad_()
+    opt = torch.optim.Adam([E, W, b], lr=lr)
+    for step in range(steps):
+        logits = E @ W.t() + b
+        loss = -(C * torch.log_softmax(logits, dim=-1)).sum() / total
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        with torch.no_grad():
+            E.mul_(kLearnedEmbMaxNorm / E.norm(dim=1, keepdim=True).clamp(min=kLearnedEmbMaxNorm))
+        if log and (step % 25 == 0 or step == steps - 1):
+            log(f"bigram fit step {step} train NLL {loss.item():.3f} (PPL {math.exp(loss.item()):.1f})")
+    return E.detach(), W.detach(), b.detach()
+
+
+@torch.no_grad()
+def apply_bigram_init(model: TinyLlama, E, W, b):
+    """Puts the fitted bigram into the learned embedding dims, the output head's learned
+    columns and its constant column (the unigram-like bias), scaled for the final RMSNorm
+    (nominal RMS with no copied code; final norm gain 1)."""
+    r_final = nominal_rms(5, model.cfg.dim)
+    model.tok_embeddings[:, LEARNED_BEGIN:] = E
+    model.lm_head[:, LEARNED_BEGIN:] = W * r_final
+    model.lm_head[:, DIM_CONST] = b * r_final / kCodeScale
+
+
 @torch.no_grad()
 def clamp_learned_embeddings(model: TinyLlama):
     """Keeps each token's learned embedding part at norm <= kLearnedEmbMaxNorm so the wired

@@ -1,12 +1,13 @@
 """Needle-in-a-haystack prompts and scoring for kvlab-tiny (PyTorch side).
 
-Prompt (matches kvlab's evaluation): BOS + haystack tokens with the needle sentence
-"The special magic number is {v}." inserted at a sentence end + " What is the special magic
-number? The special magic number is". The needle goes at floor(n_hay * depth / 100) moved back to
-the nearest sentence end (a token whose piece ends with '.'); depth 100 appends at the end. The
-model decodes greedily; the trial is correct when the first run of digits in the decoded text
-equals v (7 digits) -- decided exactly with one teacher-forced pass (score_trial). Values come from a seeded RNG; evaluation values are multiples of 11 and
-training values never are, so evaluation numbers are held out.
+Prompt (as kvlab's evals/niah.cpp builds it): BOS + a haystack excerpt starting at a sentence
+start, with the needle sentence "The special magic number is {v}." inserted at
+floor(n_hay * depth / 100) moved back to the nearest sentence end (a token whose text ends with
+'.', '!' or '?'; depth 100 appends at the end), then "What is the special magic number? The
+special magic number is". The model decodes greedily; the trial is correct when the first run of
+digits in the decoded text equals v (7 digits) -- decided exactly with one teacher-forced pass
+(score_trial). Values come from a seeded RNG; evaluation values are multiples of 11 and training
+values never are, so evaluation numbers are held out.
 """
 import re
 
@@ -38,7 +39,20 @@ def train_value(rng) -> int:
 
 
 def sentence_end_ids(sp):
-    return np.array([sp.id_to_piece(i).endswith(".") for i in range(sp.get_piece_size())])
+    """[vocab] bool: the piece, trailing white space removed, ends with '.', '!' or '?'
+    (kvlab's evals/niah.cpp rule)."""
+    def text(i):  # byte tokens "<0x3F>" stand for their byte
+        p = sp.id_to_piece(i)
+        return chr(int(p[3:5], 16)) if sp.is_byte(i) else p
+    return np.array([text(i).rstrip().endswith((".", "!", "?")) for i in range(sp.get_piece_size())])
+
+
+def sentence_start(hay_stream, ends, rng, span):
+    """A random index that follows a sentence end and leaves `span` tokens after it."""
+    while True:
+        i = int(rng.integers(1, len(hay_stream) - span))
+        if ends[hay_stream[i - 1]]:
+            return i
 
 
 def insertion_index(hay, depth, ends):
@@ -57,7 +71,7 @@ def build_prompt(sp, hay_stream, start, length, depth, value, ends, template=(NE
     needle = sp.encode(template[0].format(v=value))
     question = sp.encode(template[1])
     n_hay = length - 1 - len(needle) - len(question)
-    hay = list(hay_stream[start:start + n_hay])
+    hay = [int(t) for t in hay_stream[start:start + n_hay]]
     i = insertion_index(hay, depth, ends)
     toks = [sp.bos_id()] + hay[:i] + needle + hay[i:] + question
     assert len(toks) == length
@@ -115,7 +129,7 @@ def evaluate(model, sp, hay_stream, lengths, depths, trials_per_cell=1, seed=123
             ok = 0
             for _ in range(trials_per_cell):
                 value = eval_value(rng)
-                start = int(rng.integers(0, len(hay_stream) - length))
+                start = sentence_start(hay_stream, ends, rng, length)
                 toks, pos = build_prompt(sp, hay_stream, start, length, depth, value, ends)
                 correct, ans = score_trial(model, sp, toks, value)
                 ok += correct

@@ -1,14 +1,18 @@
 #!/usr/bin/python3
 """Train kvlab-tiny's learned parts around its hand-wired retrieval circuit (CPU, one thread).
 
+Start: the wired circuit (kvlab_tiny.wire) plus a low-rank bigram fitted to the training
+split's counts in the learned embedding / output-head dims (kvlab_tiny.fit_bigram).
 Data per step: plain language-modelling windows of the training split mixed with needle
 sequences (a training value inserted into training prose with one of several templates,
 question, answer "▁"+7 digits+"."; answer tokens weighted kAnswerWeight). Lengths cycle
-256/512/512/1024 at ~4k tokens per step. AdamW (no weight decay), cosine schedule over the time
+256/256/512/1024 at ~4k tokens per step. AdamW (no weight decay), cosine schedule over the time
 budget. Frozen (wired) entries are kept by gradient masks (data/kvlab_tiny.py).
 
 Every --eval-every steps: validation loss, teacher-forced answer-digit accuracy, quick NIAH on
 held-out text; one line per eval in <work>/train_log.jsonl; checkpoint <work>/ckpt.pt.
+
+Stops early (after a final evaluation and checkpoint) when <work>/STOP exists.
 
 Usage: data/train.py --work data/work --minutes 45 [--resume]
 """
@@ -31,7 +35,7 @@ import niah  # noqa: E402
 
 kAnswerWeight = 5.0
 kNeedleFraction = 0.25
-kSchedule = [(16, 256), (8, 512), (8, 512), (4, 1024)]   # (batch, length) cycled per step
+kSchedule = [(16, 256), (16, 256), (8, 512), (4, 1024)]   # (batch, length) cycled per step
 
 
 def load_stream(sp, path: Path, cache: Path) -> np.ndarray:
@@ -121,6 +125,9 @@ def main() -> int:
     cfg = kt.Config()
     model = kt.TinyLlama(cfg)
     masks = kt.wire(model, pieces, seed=args.seed)
+    if not args.resume:
+        kt.apply_bigram_init(model, *kt.fit_bigram(train, cfg, seed=args.seed,
+                                                   log=lambda m: print(m, flush=True)))
     step, elapsed_before, tokens_seen = 0, 0.0, 0
     ckpt_path = args.work / "ckpt.pt"
     params = dict(model.named_parameters())
@@ -162,7 +169,7 @@ def main() -> int:
         kt.clamp_learned_embeddings(model)
         step += 1
         tokens_seen += B * T
-        done = el >= budget
+        done = el >= budget or (args.work / "STOP").exists()
         if step % 10 == 0 or step <= 3:
             print(f"step {step} T {T} loss {loss.item():.3f} lr {lr:.2e} "
                   f"tok/s {tokens_seen / (elapsed_before + el + 1e-9):.0f}", flush=True)
@@ -183,7 +190,7 @@ def main() -> int:
                             elapsed=elapsed_before + time.time() - t0, tokens=tokens_seen,
                             config=kt.config_dict(cfg), seed=args.seed), tmp)
             os.replace(tmp, ckpt_path)
-        if done or (args.work / "STOP").exists():
+        if done:
             break
     return 0
 
