@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <ctime>
+#include <thread>
 
 #include "framework/core/error.h"
 
@@ -21,6 +22,24 @@ H5::StrType vlen_string_type() {
   H5::StrType t(H5::PredType::C_S1, H5T_VARIABLE);
   t.setCset(H5T_CSET_UTF8);
   return t;
+}
+
+// Opens the file, waiting while another process holds it: HDF5 locks a file while it is open
+// (a reader such as h5py or `kvlab report` makes a writer's open fail, and vice versa). The
+// writer keeps the file closed between cells, so such waits are short; after kOpenWaitSeconds
+// the last error is thrown.
+constexpr double kOpenWaitSeconds = 120;
+H5::H5File open_file(const fs::path& path, unsigned flags) {
+  const auto start = std::chrono::steady_clock::now();
+  while (true) {
+    try {
+      return H5::H5File(path.string(), flags);
+    } catch (const H5::Exception&) {
+      const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      if (waited > kOpenWaitSeconds || !fs::exists(path)) throw;
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
+  }
 }
 
 // Runs `body`, turning HDF5's exceptions into kvlab::Error naming the file and what we did.
@@ -238,7 +257,7 @@ ResultsFile ResultsFile::open(const fs::path& path) {
   if (!fs::exists(path)) fail(path.string(), ": results file not found");
   return guarded(path, "opening the results file", [&] {
     if (!H5::H5File::isHdf5(path.string())) fail(path.string(), ": not an HDF5 file");
-    H5::H5File f(path.string(), H5F_ACC_RDONLY);
+    H5::H5File f = open_file(path, H5F_ACC_RDONLY);
     if (!f.attrExists("schema_version") || !f.nameExists("runs"))
       fail(path.string(), ": not a kvlab results file (no schema_version attribute or /runs group)");
     const AttrValue v = read_attr(f.openAttribute("schema_version"));
@@ -252,14 +271,14 @@ ResultsFile ResultsFile::open(const fs::path& path) {
 
 AttrMap ResultsFile::root_attrs() const {
   return guarded(path_, "reading root attributes", [&] {
-    H5::H5File f(path_.string(), H5F_ACC_RDONLY);
+    H5::H5File f = open_file(path_, H5F_ACC_RDONLY);
     return read_attrs(f);
   });
 }
 
 void ResultsFile::set_root_attr(const std::string& name, const AttrValue& value) {
   guarded(path_, "writing root attribute " + name, [&] {
-    H5::H5File f(path_.string(), H5F_ACC_RDWR);
+    H5::H5File f = open_file(path_, H5F_ACC_RDWR);
     write_attr(f, name, value);
     f.flush(H5F_SCOPE_GLOBAL);
   });
@@ -267,7 +286,7 @@ void ResultsFile::set_root_attr(const std::string& name, const AttrValue& value)
 
 void ResultsFile::ensure_run(const std::string& run, const AttrMap& attrs) {
   guarded(path_, "creating run group " + run, [&] {
-    H5::H5File f(path_.string(), H5F_ACC_RDWR);
+    H5::H5File f = open_file(path_, H5F_ACC_RDWR);
     H5::Group runs = f.openGroup("runs");
     if (runs.nameExists(run)) return;
     H5::Group g = runs.createGroup(run);
@@ -279,21 +298,21 @@ void ResultsFile::ensure_run(const std::string& run, const AttrMap& attrs) {
 
 std::vector<std::string> ResultsFile::runs() const {
   return guarded(path_, "listing runs", [&] {
-    H5::H5File f(path_.string(), H5F_ACC_RDONLY);
+    H5::H5File f = open_file(path_, H5F_ACC_RDONLY);
     return child_names(f.openGroup("runs"));
   });
 }
 
 AttrMap ResultsFile::run_attrs(const std::string& run) const {
   return guarded(path_, "reading run " + run, [&] {
-    H5::H5File f(path_.string(), H5F_ACC_RDONLY);
+    H5::H5File f = open_file(path_, H5F_ACC_RDONLY);
     return read_attrs(f.openGroup("runs/" + run));
   });
 }
 
 std::vector<std::string> ResultsFile::complete_cells(const std::string& run) const {
   return guarded(path_, "listing cells of run " + run, [&] {
-    H5::H5File f(path_.string(), H5F_ACC_RDONLY);
+    H5::H5File f = open_file(path_, H5F_ACC_RDONLY);
     std::vector<std::string> out;
     const std::string cells_path = "runs/" + run + "/cells";
     if (!f.nameExists("runs/" + run) || !f.nameExists(cells_path)) return out;
@@ -306,7 +325,7 @@ std::vector<std::string> ResultsFile::complete_cells(const std::string& run) con
 
 bool ResultsFile::cell_complete(const std::string& run, const std::string& cell) const {
   return guarded(path_, "reading cell " + run + "/" + cell, [&] {
-    H5::H5File f(path_.string(), H5F_ACC_RDONLY);
+    H5::H5File f = open_file(path_, H5F_ACC_RDONLY);
     const std::string p = "runs/" + run + "/cells/" + cell;
     return f.nameExists("runs/" + run) && f.nameExists("runs/" + run + "/cells") &&
            f.nameExists(p) && group_complete(f.openGroup(p));
@@ -315,7 +334,7 @@ bool ResultsFile::cell_complete(const std::string& run, const std::string& cell)
 
 int ResultsFile::delete_incomplete_cells() {
   return guarded(path_, "deleting interrupted cells", [&] {
-    H5::H5File f(path_.string(), H5F_ACC_RDWR);
+    H5::H5File f = open_file(path_, H5F_ACC_RDWR);
     H5::Group runs = f.openGroup("runs");
     int deleted = 0;
     for (const auto& run : child_names(runs)) {
@@ -335,7 +354,7 @@ int ResultsFile::delete_incomplete_cells() {
 
 void ResultsFile::write_cell(const std::string& run, const std::string& cell, const CellRecord& record) {
   guarded(path_, "writing cell " + run + "/" + cell, [&] {
-    H5::H5File f(path_.string(), H5F_ACC_RDWR);
+    H5::H5File f = open_file(path_, H5F_ACC_RDWR);
     H5::Group runs = f.openGroup("runs");
     H5::Group r = ensure_group(runs, run);
     H5::Group cells = ensure_group(r, "cells");
@@ -356,7 +375,7 @@ void ResultsFile::write_cell(const std::string& run, const std::string& cell, co
 
 CellRecord ResultsFile::read_cell(const std::string& run, const std::string& cell) const {
   return guarded(path_, "reading cell " + run + "/" + cell, [&] {
-    H5::H5File f(path_.string(), H5F_ACC_RDONLY);
+    H5::H5File f = open_file(path_, H5F_ACC_RDONLY);
     const std::string p = "runs/" + run + "/cells/" + cell;
     if (!f.nameExists("runs/" + run) || !f.nameExists("runs/" + run + "/cells") || !f.nameExists(p))
       fail(path_.string(), ": no cell ", run, "/", cell);
@@ -371,7 +390,7 @@ CellRecord ResultsFile::read_cell(const std::string& run, const std::string& cel
 void ResultsFile::write_summary(const std::string& run, const std::string& group,
                                 const std::map<std::string, Dataset>& datasets, const AttrMap& attrs) {
   guarded(path_, "writing summary " + run + "/" + group, [&] {
-    H5::H5File f(path_.string(), H5F_ACC_RDWR);
+    H5::H5File f = open_file(path_, H5F_ACC_RDWR);
     H5::Group runs = f.openGroup("runs");
     H5::Group r = ensure_group(runs, run);
     if (r.nameExists(group)) r.unlink(group);
@@ -385,7 +404,7 @@ void ResultsFile::write_summary(const std::string& run, const std::string& group
 std::map<std::string, Dataset> ResultsFile::read_summary(const std::string& run, const std::string& group,
                                                          AttrMap* attrs) const {
   return guarded(path_, "reading summary " + run + "/" + group, [&] {
-    H5::H5File f(path_.string(), H5F_ACC_RDONLY);
+    H5::H5File f = open_file(path_, H5F_ACC_RDONLY);
     const std::string p = "runs/" + run + "/" + group;
     std::map<std::string, Dataset> out;
     if (!f.nameExists("runs/" + run) || !f.nameExists(p)) return out;

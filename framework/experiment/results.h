@@ -14,6 +14,9 @@
 // hit the few milliseconds of a cell write. The default (oldest-compatible) file format is used:
 // it has no "file open for writing" flag that would make a killed file unreadable.
 //
+// Every open waits (up to 2 minutes) while another process holds the file: HDF5 locks open
+// files, so `kvlab report` or h5py reading between two cells must not kill a long run.
+//
 // This layer is generic: a cell is a set of named attributes and N-d datasets (CellRecord), so
 // merge, resume and the tests compare records without knowing what the evals store.
 #pragma once
