@@ -175,7 +175,8 @@ def main() -> int:
     ap.add_argument("--model", type=Path, required=True, help="HF directory or .gguf file")
     ap.add_argument("--tokens", help="comma-separated token ids")
     ap.add_argument("--text-file", type=Path, help="text to tokenise (BOS added)")
-    ap.add_argument("--tokenizer", type=Path, help="tokenizer.model (default: the HF dir's)")
+    ap.add_argument("--tokenizer", type=Path,
+                    help="tokenizer.model (default: the HF dir's, or for X.gguf the one in X-hf/)")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
@@ -184,6 +185,11 @@ def main() -> int:
         tokens = [int(t) for t in args.tokens.split(",")]
     elif args.text_file:
         import sentencepiece as spm
+        if args.tokenizer is None and tok_path is None:
+            # a GGUF: use the HF twin's tokenizer.model (<stem>-hf/) when it is there
+            tok_path = args.model.with_name(args.model.stem + "-hf") / "tokenizer.model"
+            if not tok_path.exists():
+                ap.error(f"{args.model}: give --tokenizer (no {tok_path})")
         sp = spm.SentencePieceProcessor(model_file=str(args.tokenizer or tok_path))
         tokens = [sp.bos_id()] + sp.encode(args.text_file.read_text("utf-8"))
     else:
