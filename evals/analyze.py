@@ -9,8 +9,8 @@
   STEM_niah.png        all runs' heatmaps side by side.
   STEM_ppl.png         perplexity versus tokens scored (log x), one curve per run: the running
                        PPL exp(mean NLL of the first n scored tokens) of the first text.
-  STEM_tradeoff.png    memory / quality trade-off: peak KV bytes per run against NIAH accuracy
-                       and (second panel) perplexity.
+  STEM_tradeoff.png    memory / quality trade-off: peak KV bytes per run against NIAH accuracy,
+                       the NIAH value log-probability (the graded signal) and perplexity.
 
 Needs Debian's python3-h5py, python3-numpy and python3-matplotlib (non-interactive Agg backend).
 Prints the files it wrote, one per line.
@@ -26,6 +26,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.ticker  # noqa: E402
 import numpy as np  # noqa: E402
 
 
@@ -125,14 +126,17 @@ def plot_ppl(f, stem, out_dir):
 
 
 def plot_tradeoff(f, stem, out_dir):
-    points = []  # (run, kv MiB, accuracy, ppl)
+    points = []  # (run, kv MiB, accuracy, value log-prob, ppl)
     for run in runs_of(f):
         g = f["runs"][run]
-        kv, acc, ppl = [], np.nan, np.nan
+        kv, acc, logp, ppl = [], np.nan, np.nan, np.nan
         if "niah" in g and "accuracy" in g["niah"]:
             a = g["niah"]["accuracy"][()]
+            lp = g["niah"]["value_logprob"][()]
             if np.isfinite(a).any():
                 acc = float(np.nanmean(a))
+            if np.isfinite(lp).any():
+                logp = float(np.nanmean(lp[np.isfinite(lp)]))
             kv.extend(g["niah"]["kv_bytes_peak"][()].ravel().tolist())
         if "perplexity" in g and "ppl" in g["perplexity"]:
             p = g["perplexity"]["ppl"][()]
@@ -141,21 +145,26 @@ def plot_tradeoff(f, stem, out_dir):
             kv.extend(g["perplexity"]["kv_bytes_peak"][()].ravel().tolist())
         kv = [k for k in kv if np.isfinite(k)]
         if kv:
-            points.append((run, max(kv) / 2**20, acc, ppl))
+            points.append((run, max(kv) / 2**20, acc, logp, ppl))
     if not points:
         return []
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    for ax, index, label in ((axes[0], 2, "NIAH accuracy"), (axes[1], 3, "perplexity")):
+    panels = ((2, "NIAH accuracy (exact match)"), (3, "NIAH value log-probability (nats)"),
+              (4, "perplexity"))
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
+    for ax, (index, label) in zip(axes, panels):
         for p in points:
             if np.isfinite(p[index]):
                 ax.scatter(p[1], p[index], s=25)
                 ax.annotate(p[0], (p[1], p[index]), fontsize=6, xytext=(3, 3), textcoords="offset points")
         ax.set_xscale("log")
+        ax.xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         ax.set_xlabel("peak KV cache (MiB)")
         ax.set_ylabel(label)
         ax.grid(True, alpha=0.3)
-    axes[1].set_yscale("log")
-    fig.suptitle("memory / quality trade-off")
+    axes[0].set_ylim(-0.05, 1.05)
+    axes[2].set_yscale("log")
+    fig.suptitle("memory / quality trade-off (one point per run)")
     fig.tight_layout()
     path = os.path.join(out_dir, "%s_tradeoff.png" % stem)
     fig.savefig(path, dpi=120)
