@@ -83,6 +83,11 @@ size_t ggml_tensor_bytes(GgmlType type, int64_t n_elements) {
   return 0;
 }
 
+bool GgufTensorInfo::supported() const {
+  return type == GgmlType::kF32 || type == GgmlType::kF16 || type == GgmlType::kBF16 ||
+         type == GgmlType::kQ8_0;
+}
+
 int64_t GgufTensorInfo::n_elements() const {
   int64_t n = 1;
   for (int64_t d : ne) n *= d;
@@ -442,17 +447,9 @@ class GgufParser {
       t.ne.push_back(static_cast<int64_t>(ne));
     }
     const uint32_t type = read_u32(what + " (type)");
-    switch (type) {
-      case static_cast<uint32_t>(GgmlType::kF32):
-      case static_cast<uint32_t>(GgmlType::kF16):
-      case static_cast<uint32_t>(GgmlType::kBF16):
-      case static_cast<uint32_t>(GgmlType::kQ8_0):
-        t.type = static_cast<GgmlType>(type);
-        break;
-      default:
-        problem(what, ": unsupported tensor type ", ggml_type_name(type), " (", type,
-                "); supported: F32, F16, BF16, Q8_0");
-    }
+    // Other ggml types (Q4_K, ...) are listed with n_bytes = 0 so that the metadata and tokenizer
+    // of such a file stay readable; load_model refuses them by name.
+    t.type = static_cast<GgmlType>(type);
     if (t.type == GgmlType::kQ8_0 && t.ne[0] % kQ8Block != 0) {
       problem(what, ": Q8_0 needs ne[0] to be a multiple of 32, got ", t.ne[0]);
     }

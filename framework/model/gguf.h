@@ -12,8 +12,10 @@
 // ne[0] is the contiguous dimension: a row-major [rows, cols] matrix has ne = {cols, rows}.
 //
 // Contract: open() validates everything it reads (bounds, counts, duplicate keys and names,
-// tensor types, alignment, tensor extents within the file) and throws kvlab::Error
-// "<path>: <problem>" on the first violation. Only F32, F16, BF16 and Q8_0 tensors are accepted.
+// alignment, tensor extents within the file) and throws kvlab::Error "<path>: <problem>" on the
+// first violation. Tensors of other ggml types (Q4_K, ...) are listed with supported() == false
+// and n_bytes == 0 (their extent is not checked), so that the metadata and tokenizer of such a
+// file can still be read; load_model refuses them, naming the tensor and its type.
 #pragma once
 
 #include <cstddef>
@@ -85,10 +87,11 @@ class GgufValue {
 struct GgufTensorInfo {
   std::string name;
   std::vector<int64_t> ne;  // GGUF order: ne[0] contiguous
-  GgmlType type;
+  GgmlType type;             // may hold a ggml type id outside the enum: see supported()
   uint64_t offset;          // from the start of the data section
   const void* data;         // into the map
-  size_t n_bytes;
+  size_t n_bytes;           // 0 when !supported()
+  bool supported() const;   // F32, F16, BF16 or Q8_0
   int64_t n_elements() const;
 };
 

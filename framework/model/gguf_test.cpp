@@ -225,16 +225,30 @@ TEST(Gguf, UnsupportedVersions) {
   }
 }
 
-TEST(Gguf, UnsupportedTensorType) {
+TEST(Gguf, OtherTensorTypesAreListedButUnsupported) {
   Bytes h;
   h.b = "GGUF";
-  h.u32(3).u64(1).u64(0);
+  h.u32(3).u64(1).u64(1);
+  h.key("general.architecture", GgufType::kString).str("llama");
   h.str("q4").u32(1).u64(32).u32(2 /* Q4_0 */).u64(0);
   h.pad_to(32);
   h.b.append(18, '\0');
-  const std::string msg = error_of(write_file("q4.gguf", h.b));
-  EXPECT_NE(msg.find("unsupported tensor type Q4_0"), std::string::npos) << msg;
-  EXPECT_NE(msg.find("'q4'"), std::string::npos) << msg;
+  const GgufFile f = GgufFile::open(write_file("q4.gguf", h.b));
+  EXPECT_EQ(f.at("general.architecture").as_string(), "llama");  // metadata still readable
+  const GgufTensorInfo* t = f.find_tensor("q4");
+  ASSERT_NE(t, nullptr);
+  EXPECT_FALSE(t->supported());
+  EXPECT_EQ(static_cast<uint32_t>(t->type), 2u);
+  EXPECT_EQ(ggml_type_name(static_cast<uint32_t>(t->type)), "Q4_0");
+  EXPECT_EQ(t->n_bytes, 0u);
+  EXPECT_NE(t->data, nullptr);
+
+  Bytes beyond;  // the offset must still lie within the file
+  beyond.b = "GGUF";
+  beyond.u32(3).u64(1).u64(0);
+  beyond.str("q4").u32(1).u64(32).u32(12 /* Q4_K */).u64(1 << 20);
+  beyond.pad_to(32);
+  EXPECT_NE(error_of(write_file("q4k.gguf", beyond.b)).find("truncated"), std::string::npos);
 }
 
 TEST(Gguf, Q8_0SizesAndRowLengthCheck) {

@@ -103,6 +103,11 @@ void load_gguf(Model& model, const std::filesystem::path& path, const LoadOption
 
   TensorTable table;
   for (const GgufTensorInfo& t : f.tensors()) {
+    if (!t.supported()) {
+      const auto id = static_cast<uint32_t>(t.type);
+      fail(p, ": tensor '", t.name, "': unsupported tensor type ", ggml_type_name(id), " (", id,
+           "); supported: F32, F16, BF16, Q8_0");
+    }
     RawTensor raw{to_dtype(t.type), std::vector<int64_t>(t.ne.rbegin(), t.ne.rend()), t.data, path};
     table.add(t.name, std::move(raw));
   }
