@@ -81,7 +81,8 @@ def plot_niah(f, stem, out_dir):
         written.append(path)
     cols = min(4, len(runs))
     rows = (len(runs) + cols - 1) // cols
-    fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 3.4 * rows), squeeze=False)
+    fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 4.2 * rows), squeeze=False)
+    fig.subplots_adjust(hspace=0.55)
     image = None
     for k, run in enumerate(runs):
         image = niah_heatmap(axes[k // cols][k % cols], f["runs"][run]["niah"], run, ylabel=k % cols == 0)
