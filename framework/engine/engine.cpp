@@ -46,6 +46,9 @@ RopeConfig rope_config(const ModelConfig& c) {
   return r;
 }
 
+// K/V bytes an attention call reads (x query rows) below which it runs on one thread.
+constexpr size_t kAttentionParallelBytes = size_t{1} << 20;
+
 // Rows of a prefill chunk pushed through the feed-forward block at once.
 constexpr int kFfnRows = 128;
 
@@ -493,9 +496,11 @@ void Engine::attend(Group& g, int layer, float* q_rot, float* out) {
     a.key_mass = sc.key_mass.data();
   }
   a.out = out;
-  // small attention (short contexts, tiny models) on one thread: see kMinParallelBytes
+  // The attention kernels thread with OpenMP (its own team, outside our pool's jobs). Short
+  // attention (decode at short contexts, tiny models) stays on this thread: a fork-join costs
+  // more than it saves there, and far more when the cores are shared.
   const size_t kv_bytes_read = size_t{2} * kv.n_slots * kvd * sizeof(float) * static_cast<size_t>(g.n_rows);
-  attention(a, kv_bytes_read < kMinParallelBytes ? 1 : pool_.size());
+  attention(a, kv_bytes_read < kAttentionParallelBytes ? 1 : pool_.size());
 
   if (g.decode) {
     // keys read per KV head (= per query head, averaged) vs the budget

@@ -1,47 +1,65 @@
-// The engine's fork-join parallelism, on OpenMP.
+// The engine's fork-join thread pool.
 //
-// Contract: `ThreadPool pool(n)` runs jobs on n threads; the calling thread is thread 0 and
-// takes part, so a pool of 1 runs everything inline. `run(fn)` calls fn(thread) once on each of
-// the n threads and returns when all have finished. `parallel_for` splits [0, n_tasks) into n
-// contiguous, near-equal ranges (thread t gets [t*n_tasks/n, (t+1)*n_tasks/n)): static, so which
-// thread computes which rows never changes between calls (reproducible results, and each thread
-// streams its own contiguous part of a weight matrix).
+// Contract: `ThreadPool pool(n)` owns n - 1 worker threads; the calling thread is thread 0 and
+// takes part in every job, so a pool of 1 runs everything inline. `parallel_for(n_tasks, fn)`
+// calls fn(begin, end, thread) on disjoint ranges covering [0, n_tasks) exactly once and returns
+// when all are done; `thread` (< size()) identifies the executing thread for per-thread scratch.
+// `run(fn)` calls fn(t) once for each t in [0, size()). Jobs must not throw; one job at a time.
 //
-// Why OpenMP and not our own threads: the attention kernels (kernels/cpu) parallelise with
-// OpenMP, and decode alternates dense layers and attention every few microseconds. One team of
-// threads for both keeps them from fighting over the cores (two spinning runtimes on 2 cores
-// halve the speed); OpenMP's hot team spins briefly between regions, which decode needs.
-// BLAS calls are made from inside these regions single-threaded (linear.cpp), for the same reason.
-// Jobs must not throw; a pool runs one job at a time and is not re-entrant.
+// Work is claimed, not assigned: the range is cut into about 4 chunks per thread, and each
+// thread (the caller included) takes the next chunk until none is left. The caller never waits
+// for a worker that has not started: on a machine whose cores are shared with other processes
+// a descheduled worker simply gets no work, where a static split (OpenMP's fork-join) would
+// stall every call until the OS ran it again (measured: 2-thread decode 6x slower than 1 thread
+// at load 12 on 2 cores). Which thread computes a range never changes the result.
+//
+// Waiting: workers spin briefly (decode issues a job every few tens of microseconds) and then
+// sleep on a condition variable (std::atomic::wait of GCC 12 was seen to miss a wake-up);
+// BLAS and OpenMP work in between leaves them asleep.
 #pragma once
 
+#include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
 
 namespace kvlab {
 
 class ThreadPool {
  public:
-  // n_threads <= 0: every core (omp_get_num_procs()).
+  // n_threads <= 0: std::thread::hardware_concurrency().
   explicit ThreadPool(int n_threads);
+  ~ThreadPool();
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
 
   int size() const { return n_threads_; }
 
-  // fn(thread) for each thread index 0..size()-1 (in parallel when OpenMP gives the threads);
-  // returns when all are done.
+  void parallel_for(int64_t n_tasks, const std::function<void(int64_t begin, int64_t end, int thread)>& fn);
   void run(const std::function<void(int thread)>& fn);
 
-  // fn(begin, end, thread) on each thread's static range of [0, n_tasks) (empty ranges skipped).
-  void parallel_for(int64_t n_tasks, const std::function<void(int64_t begin, int64_t end, int thread)>& fn);
-
-  // The static range of thread t out of n for n_tasks tasks.
-  static void split(int64_t n_tasks, int n, int t, int64_t* begin, int64_t* end) {
-    *begin = n_tasks * t / n;
-    *end = n_tasks * (t + 1) / n;
-  }
-
  private:
+  void worker_loop(int thread);
+  void wake_workers();
+  void work(int thread);  // claims and runs chunks of the open job until none is left
+
   int n_threads_ = 1;
+  std::vector<std::thread> workers_;
+  // The open job; written by the caller only while no worker is inside it (active_ == 0 after
+  // the previous job was closed), published by open_ (seq_cst).
+  const std::function<void(int64_t, int64_t, int)>* fn_ = nullptr;
+  int64_t n_tasks_ = 0, chunk_ = 1;
+  std::atomic<int64_t> next_{0};       // next unclaimed task
+  std::atomic<bool> open_{false};      // workers may join the job
+  std::atomic<int> active_{0};         // workers inside the job
+  std::atomic<uint32_t> generation_{0};  // bumped per job: wakes workers
+  std::atomic<bool> stop_{false};
+  std::atomic<int> sleepers_{0};         // workers blocked (or about to block) on wake_
+  std::mutex mutex_;
+  std::condition_variable wake_;
 };
 
 }  // namespace kvlab
