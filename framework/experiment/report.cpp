@@ -129,7 +129,7 @@ void write_summaries(ResultsFile& file, const ExperimentSpec& spec) {
     }
     if (spec.perplexity.enabled) {
       const size_t X = spec.perplexity.text.size();
-      std::vector<double> ppl(X, kNaN), se(X, kNaN), kv(X, kNaN), recall(X, kNaN);
+      std::vector<double> ppl(X, kNaN), se(X, kNaN), kv(X, kNaN), recall(X, kNaN), tps(X, kNaN);
       std::vector<int64_t> scored(X, 0);
       for (size_t x = 0; x < X; ++x) {
         const std::string id = str_cat("ppl_T", x);
@@ -140,13 +140,15 @@ void write_summaries(ResultsFile& file, const ExperimentSpec& spec) {
         scored[x] = int64_t(attr_number(rec.attrs, "n_scored", 0));
         kv[x] = attr_number(rec.attrs, "kv_bytes_peak");
         recall[x] = attr_number(rec.attrs, "recall_mean");
+        tps[x] = attr_number(rec.attrs, "tokens_per_s");
       }
       std::vector<std::string> texts;
       for (const auto& t : spec.perplexity.text) texts.push_back(t.string());
       file.write_summary(run.name, "perplexity",
                          {{"ppl", dataset(ppl)}, {"ppl_stderr", dataset(se)},
                           {"n_scored", dataset(scored)}, {"kv_bytes_peak", dataset(kv)},
-                          {"recall_mean", dataset(recall)}, {"texts", dataset(texts)}},
+                          {"recall_mean", dataset(recall)}, {"tokens_per_s", dataset(tps)},
+                          {"texts", dataset(texts)}},
                          {{"protocol", std::string(to_string(spec.perplexity.protocol))}});
     }
   }
@@ -183,6 +185,10 @@ void print_report(const ResultsFile& file, std::ostream& out) {
       kv.insert(kv.end(), k.begin(), k.end());
       const auto& r = std::get<std::vector<double>>(ppl.at("recall_mean").data);
       recall.insert(recall.end(), r.begin(), r.end());
+      if (ppl.count("tokens_per_s")) {
+        const auto& t = std::get<std::vector<double>>(ppl.at("tokens_per_s").data);
+        tps.insert(tps.end(), t.begin(), t.end());
+      }
     }
     double kv_max = kNaN;
     for (double k : kv)

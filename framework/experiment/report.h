@@ -18,7 +18,8 @@ namespace kvlab {
 //   niah: context_lengths [L], depths [D], correct [L,D,T] int8, value_logprob [L,D,T],
 //         first_wrong_token [L,D,T], needle_positions [L,D,T], answers [L,D,T], values [L,D,T],
 //         accuracy [L,D], kv_bytes_peak [L,D], recall_mean [L,D], tokens_per_s [L,D]
-//   perplexity: ppl [X], ppl_stderr [X], n_scored [X], kv_bytes_peak [X], recall_mean [X]
+//   perplexity: ppl [X], ppl_stderr [X], n_scored [X], kv_bytes_peak [X], recall_mean [X],
+//               tokens_per_s [X], texts [X]
 void write_summaries(ResultsFile& file, const ExperimentSpec& spec);
 
 // The experiment recorded in a results file (parsed from its `experiment` root attribute).
