@@ -240,12 +240,15 @@ void parse_kv(const Reader& r, const YAML::Node& node, KvSpec& kv) {
 }
 
 void parse_engine(const Reader& r, const YAML::Node& node, EngineSpec& e) {
-  r.expect_map(node, "engine", {"prefill_chunk", "probe", "probe_every"});
+  r.expect_map(node, "engine", {"prefill_chunk", "probe", "probe_every", "probe_layers"});
   if (node["prefill_chunk"])
     e.prefill_chunk_tokens = int(r.get_int(node["prefill_chunk"], "engine.prefill_chunk", 1, 1 << 20));
   if (node["probe"]) e.probe = r.get_bool(node["probe"], "engine.probe");
   if (node["probe_every"])
     e.probe_every = int(r.get_int(node["probe_every"], "engine.probe_every", 1, 1 << 20));
+  if (node["probe_layers"])
+    for (const auto& [v, p] : r.one_or_list(node["probe_layers"], "engine.probe_layers"))
+      e.probe_layers.push_back(int(r.get_int(v, p, 0, 1 << 16)));
 }
 
 void parse_policies(const Reader& r, const YAML::Node& node, std::vector<PolicyEntry>& out) {

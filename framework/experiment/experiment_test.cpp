@@ -23,7 +23,7 @@ model:
   dtype: f32
   threads: 2
 kv: {block_size: 8, budget_bytes: 64MiB}
-engine: {prefill_chunk: 128, probe: false}
+engine: {prefill_chunk: 128, probe: false, probe_layers: [0, 1]}
 policies:
   - {name: full, type: full}
   - name: win
@@ -59,6 +59,7 @@ TEST(Experiment, ParsesEveryField) {
   EXPECT_EQ(s.kv.budget_bytes, 64u << 20);
   EXPECT_EQ(s.engine.prefill_chunk_tokens, 128);
   EXPECT_FALSE(s.engine.probe);
+  EXPECT_EQ(s.engine.probe_layers, (std::vector<int>{0, 1}));
   ASSERT_EQ(s.policies.size(), 3u);
   EXPECT_EQ(s.policies[1].name, "win");
   EXPECT_EQ(s.policies[1].params[0].first, "window");

@@ -463,6 +463,11 @@ int run_experiment(const ExperimentSpec& spec, const RunOptions& o) {
   eo.prefill_chunk_tokens = spec.engine.prefill_chunk_tokens;
   eo.probe = spec.engine.probe;
   eo.probe_every = spec.engine.probe_every;
+  eo.probe_layers = spec.engine.probe_layers;
+  for (size_t i = 0; i < eo.probe_layers.size(); ++i)
+    if (eo.probe_layers[i] >= config.n_layers)
+      fail(spec.file.string(), ": engine.probe_layers[", i, "]: layer ", eo.probe_layers[i],
+           " does not exist (the model has ", config.n_layers, " layers)");
   Engine engine(*model, eo);
 
   const bool interactive = o.progress_interactive >= 0 ? o.progress_interactive == 1
