@@ -5,8 +5,10 @@
 //   kvlab_bench_engine [--configs 110m,15m] [--dtypes f32,f16,bf16,q8_0] [--threads 1,2]
 //                      [--decode-tokens 64] [--prompt-tokens 16] [--prefill-tokens 512]
 //
-// Each case runs in its own child process (fork before any thread exists), so its peak RSS is
-// its own. Figures per case:
+// Each case runs in its own child process (fork before any thread exists), which first measures
+// the read bandwidth (1 GiB float sum) and sgemm GFLOP/s with the case's thread count (the
+// machine is shared: its speed drifts between cases), then resets the peak-RSS counter
+// (/proc/self/clear_refs) and builds the model. Figures per case:
 //   decode tok/s and the bytes it streams per token: every weight matrix once (+ the embedding
 //     row) + the K and V rows attention reads (context x kv_bytes_per_token); as GB/s and as a
 //     fraction of the measured read bandwidth with the same thread count;
@@ -17,7 +19,6 @@
 #include <cblas.h>
 #include <immintrin.h>
 #include <omp.h>
-#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -56,10 +57,15 @@ double rss_now_mb() {  // VmRSS from /proc/self/status
     if (line.rfind("VmRSS:", 0) == 0) return std::atof(line.c_str() + 6) / 1024.0;
   return 0;
 }
-double rss_peak_mb() {
-  rusage ru{};
-  getrusage(RUSAGE_SELF, &ru);
-  return ru.ru_maxrss / 1024.0;
+double rss_peak_mb() {  // VmHWM: the peak since the last reset_rss_peak()
+  std::ifstream f("/proc/self/status");
+  for (std::string line; std::getline(f, line);)
+    if (line.rfind("VmHWM:", 0) == 0) return std::atof(line.c_str() + 6) / 1024.0;
+  return 0;
+}
+void reset_rss_peak() {  // Linux: writing 5 to clear_refs resets VmHWM to the current RSS
+  std::ofstream f("/proc/self/clear_refs");
+  f << "5";
 }
 
 // Read bandwidth: sum of a 1 GiB float array with 8 accumulators per thread, best of 3.
@@ -145,8 +151,11 @@ struct Args {
   int decode_tokens = 64, prompt_tokens = 16, prefill_tokens = 512;
 };
 
-void run_case(const std::string& cfg_name, const std::string& dtype_name, int threads, const Args& args,
-              double bw_gbs, double sgemm_gflops) {
+void run_case(const std::string& cfg_name, const std::string& dtype_name, int threads, const Args& args) {
+  // The machine is shared and its speed drifts: measure bandwidth and sgemm right before the case.
+  const double bw_gbs = measure_read_bandwidth_gbs(threads);
+  const double sgemm_gflops = measure_sgemm_gflops(threads);
+  reset_rss_peak();
   const double rss_base = rss_now_mb();
   const ModelConfig cfg = cfg_name == "110m" ? config_110m() : config_15m();
   auto model = make_random_model(cfg, parse_dtype(dtype_name), 1234);
@@ -198,10 +207,10 @@ void run_case(const std::string& cfg_name, const std::string& dtype_name, int th
   const double kv_mb = std::max(kv_peak_decode, kv_peak_prefill) / 1048576.0;
   const double peak = rss_peak_mb();
   std::printf(
-      "case config=%s dtype=%s threads=%d | decode tok/s=%.1f GB/s=%.2f frac_of_bw=%.3f | "
+      "case config=%s dtype=%s threads=%d read_bw_GBs=%.2f sgemm_GFLOPs=%.1f | decode tok/s=%.1f GB/s=%.2f frac_of_bw=%.3f | "
       "prefill%d tok/s=%.0f GFLOP/s=%.1f frac_of_sgemm=%.3f | weights_MB=%.1f kv_MB=%.1f "
       "peak_rss_MB=%.1f base_rss_MB=%.1f rss/(w+kv)=%.3f (peak-base)/(w+kv)=%.3f\n",
-      cfg_name.c_str(), dtype_name.c_str(), threads, tok_s, dec_gbs, dec_gbs / bw_gbs, args.prefill_tokens,
+      cfg_name.c_str(), dtype_name.c_str(), threads, bw_gbs, sgemm_gflops, tok_s, dec_gbs, dec_gbs / bw_gbs, args.prefill_tokens,
       args.prefill_tokens / pre_s, pre_gflops, pre_gflops / sgemm_gflops, w_mb, kv_mb, peak, rss_base,
       peak / (w_mb + kv_mb), (peak - rss_base) / (w_mb + kv_mb));
   std::fflush(stdout);
@@ -258,29 +267,10 @@ int main(int argc, char** argv) {
       return a == "--help" || a == "-h" ? 0 : 2;
     }
   }
-  // machine figures, measured in a child too (the parent never starts a thread)
-  int pipefd[2];
-  if (pipe(pipefd) != 0) return 1;
-  std::vector<double> bw(args.threads.size()), gf(args.threads.size());
-  const int rc = in_child([&] {
-    close(pipefd[0]);
-    for (size_t k = 0; k < args.threads.size(); ++k) {
-      double v[2] = {measure_read_bandwidth_gbs(args.threads[k]), measure_sgemm_gflops(args.threads[k])};
-      std::printf("machine threads=%d read_bw_GBs=%.2f sgemm_GFLOPs=%.1f\n", args.threads[k], v[0], v[1]);
-      if (write(pipefd[1], v, sizeof(v)) != sizeof(v)) std::exit(1);
-    }
-  });
-  close(pipefd[1]);
-  for (size_t k = 0; k < args.threads.size(); ++k) {
-    double v[2];
-    if (rc != 0 || read(pipefd[0], v, sizeof(v)) != sizeof(v)) return 1;
-    bw[k] = v[0];
-    gf[k] = v[1];
-  }
   int failures = 0;
   for (const auto& cfg : args.configs)
     for (const auto& dt : args.dtypes)
       for (size_t k = 0; k < args.threads.size(); ++k)
-        failures += in_child([&] { run_case(cfg, dt, args.threads[k], args, bw[k], gf[k]); }) != 0;
+        failures += in_child([&] { run_case(cfg, dt, args.threads[k], args); }) != 0;
   return failures ? 1 : 0;
 }
