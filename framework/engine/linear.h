@@ -11,7 +11,8 @@
 //   int8 -> fp32 times the block scale). Memory-bound, so it streams each weight byte once per
 //   call and needs many independent accumulators to keep up with DRAM.
 // - gemm (prefill, n >= kGemmMinTokens): OpenBLAS sgemm, one single-threaded call per pool
-//   thread on its own slice of the output features (one thread runtime: see thread_pool.h).
+//   thread on its own slice of the output features (so OpenBLAS never starts threads of its
+//   own next to the pool's).
 //   Non-fp32 weights are dequantized one panel of rows at a time into a per-thread fp32 buffer
 //   that stays in cache.
 // Row ranges let a thread pool split one matrix (or several sharing x) across threads.
