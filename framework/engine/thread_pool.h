@@ -14,8 +14,7 @@
 // at load 12 on 2 cores). Which thread computes a range never changes the result.
 //
 // Waiting: workers spin briefly (decode issues a job every few tens of microseconds) and then
-// sleep on a condition variable (std::atomic::wait of GCC 12 was seen to miss a wake-up);
-// BLAS and OpenMP work in between leaves them asleep.
+// sleep on a condition variable; BLAS and OpenMP work in between leaves them asleep.
 #pragma once
 
 #include <atomic>
