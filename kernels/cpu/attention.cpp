@@ -8,8 +8,11 @@
 //   online-softmax update of (m_q, l_q), O_q <- alpha O_q + sum_j p_qj v_j  -- exp8, pv4 / pv
 // Queries go in register-blocked groups of 4 (the G heads of a GQA group, or rows), so a key or
 // value chunk loaded once feeds 4 FMAs; a remainder of 1-3 queries uses the one-query kernels.
-// and at the end O_q / l_q, LSE_q = m_q + log l_q. key_mass is a second pass over the same keys
-// with p = exp(S - LSE), split over KV heads so no two threads add to the same slot.
+// and at the end O_q / l_q, LSE_q = m_q + log l_q. With key_mass, each tile's raw scores S (and
+// its slots) are also kept in per-thread scratch; once the item's LSEs are known its column sums
+// col_j = sum_q exp(S[q][j] - LSE_q) are formed from them, so no key is read twice. Column sums
+// go into key_mass directly on one thread (items run in order), else into per-item buffers that
+// are added per KV head in item order afterwards: the same sums in the same order either way.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -188,6 +191,11 @@ struct Scratch {
   std::vector<float> s;       // [kMaxQ, kTile] scores, then probabilities
   std::vector<float> krot;    // [kTile, D] keys rotated at read
   std::vector<float> zeros;   // [D] padding row
+  // key_mass only: the item's raw scores, tile after tile ([n_tiles][n_q][kTile]), and each
+  // tile's slots ([n_tiles][kTile], padded) and key count.
+  std::vector<float> raw_s;
+  std::vector<int32_t> raw_slot;
+  std::vector<int> raw_n;
   void ensure(int D) {
     const size_t qd = static_cast<size_t>(kMaxQ) * D;
     if (q.size() < qd) { q.resize(qd); o.resize(qd); }
@@ -382,7 +390,58 @@ void tile_scores(const ItemQueries& iq, const KeyTile& t, const Scratch& sc, flo
   }
 }
 
-void run_item(const AttentionArgs& a, const WorkItem& it, float* lse_all) {
+// Column sums of one item: where its keys go when key_mass is set.
+struct ItemMass {
+  std::vector<int32_t> slot;  // [n_keys] in walk order
+  std::vector<float> mass;    // [n_keys] sum over the item's queries of exp(s - LSE)
+};
+
+// Adds an item's column sums into key_mass[g, :].
+void add_item_mass(const AttentionArgs& a, int g, const int32_t* slot, const float* mass, size_t n) {
+  float* dst = a.key_mass + static_cast<size_t>(g) * a.kv.n_slots;
+  for (size_t j = 0; j < n; ++j) dst[slot[j]] += mass[j];
+}
+
+// From the scores kept in sc.raw_* during run_item: col_j = sum_q exp(S[q][j] - LSE_q), summed
+// over q in order (queries with LSE = -inf saw nothing and add nothing). Added to key_mass
+// directly when `direct`, else stored in `item_mass`.
+void item_key_mass(const AttentionArgs& a, const WorkItem& it, int n_q, const float* lse,
+                   Scratch& sc, bool direct, ItemMass* item_mass) {
+  const size_t n_tiles = sc.raw_n.size();
+  if (!direct) {
+    size_t n_keys = 0;
+    for (int n : sc.raw_n) n_keys += n;
+    item_mass->slot.resize(n_keys);
+    item_mass->mass.resize(n_keys);
+  }
+  size_t out = 0;
+  for (size_t ti = 0; ti < n_tiles; ++ti) {
+    const float* S = sc.raw_s.data() + ti * static_cast<size_t>(n_q) * kTile;
+    const int32_t* slot = sc.raw_slot.data() + ti * kTile;
+    const int n = sc.raw_n[ti];
+    alignas(32) float col[kTile] = {};
+    for (int q = 0; q < n_q; ++q) {
+      if (lse[q] == kNegInf) continue;
+      const float* row = S + static_cast<size_t>(q) * kTile;
+      const __m256 l = _mm256_set1_ps(lse[q]);
+      for (int j = 0; j < kTile; j += 8)
+        _mm256_store_ps(col + j, _mm256_add_ps(_mm256_load_ps(col + j),
+                                               exp8(_mm256_sub_ps(_mm256_loadu_ps(row + j), l))));
+    }
+    if (direct) {
+      add_item_mass(a, it.kv_head, slot, col, n);
+    } else {
+      std::copy(slot, slot + n, item_mass->slot.begin() + static_cast<ptrdiff_t>(out));
+      std::copy(col, col + n, item_mass->mass.begin() + static_cast<ptrdiff_t>(out));
+      out += n;
+    }
+  }
+}
+
+// One work item of the main pass. With key_mass set, the column sums go to key_mass directly
+// (`direct`) or into *item_mass.
+void run_item(const AttentionArgs& a, const WorkItem& it, float* lse_all, bool direct,
+              ItemMass* item_mass) {
   Scratch& sc = thread_scratch();
   const int D = a.head_dim;
   sc.ensure(D);
@@ -393,8 +452,16 @@ void run_item(const AttentionArgs& a, const WorkItem& it, float* lse_all) {
   KeyTile t;
   float* S = sc.s.data();
   const bool simd = D % 8 == 0;
+  const bool mass = a.key_mass != nullptr;
+  if (mass) { sc.raw_s.clear(); sc.raw_slot.clear(); sc.raw_n.clear(); }
   while (walker.next(t)) {
     tile_scores(iq, t, sc, S, D);
+    if (mass) {  // keep the raw scores for the column sums (S is overwritten by p below)
+      sc.raw_s.insert(sc.raw_s.end(), S, S + static_cast<size_t>(iq.n) * kTile);
+      sc.raw_slot.insert(sc.raw_slot.end(), t.slot, t.slot + t.n);
+      sc.raw_slot.resize(sc.raw_slot.size() + (kTile - t.n), 0);
+      sc.raw_n.push_back(t.n);
+    }
     const int n8 = (t.n + 7) / 8 * 8;
     float alpha[kMaxQ];
     for (int q = 0; q < iq.n; ++q) {
@@ -449,32 +516,10 @@ void run_item(const AttentionArgs& a, const WorkItem& it, float* lse_all) {
     for (int d = 0; d < D; ++d) out[d] = o[d] * inv;
     if (lse_all != nullptr) lse_all[qh] = softmax_lse(st[q]);
   }
-}
-
-// Second pass: key_mass[g, slot] += sum over the item's queries of exp(s - LSE).
-void run_key_mass_item(const AttentionArgs& a, const WorkItem& it, const float* lse_all) {
-  Scratch& sc = thread_scratch();
-  const int D = a.head_dim;
-  sc.ensure(D);
-  const ItemQueries iq = item_queries(a, it, sc);
-  float lse[kMaxQ];
-  for (int q = 0; q < iq.n; ++q) lse[q] = lse_all[static_cast<size_t>(iq.row[q]) * a.n_heads + iq.head[q]];
-  KeyWalker walker(a, it, iq.max_pos, sc);
-  KeyTile t;
-  float* S = sc.s.data();
-  float* mass = a.key_mass + static_cast<size_t>(it.kv_head) * a.kv.n_slots;
-  while (walker.next(t)) {
-    tile_scores(iq, t, sc, S, D);
-    alignas(32) float col[kTile] = {};
-    for (int q = 0; q < iq.n; ++q) {
-      if (lse[q] == kNegInf) continue;
-      const float* row = S + static_cast<size_t>(q) * kTile;
-      const __m256 l = _mm256_set1_ps(lse[q]);
-      for (int j = 0; j < kTile; j += 8)
-        _mm256_store_ps(col + j, _mm256_add_ps(_mm256_load_ps(col + j),
-                                               exp8(_mm256_sub_ps(_mm256_loadu_ps(row + j), l))));
-    }
-    for (int j = 0; j < t.n; ++j) mass[t.slot[j]] += col[j];
+  if (mass) {
+    float lse[kMaxQ];
+    for (int q = 0; q < iq.n; ++q) lse[q] = softmax_lse(st[q]);
+    item_key_mass(a, it, iq.n, lse, sc, direct, item_mass);
   }
 }
 
@@ -500,23 +545,26 @@ void attention(const AttentionArgs& a, int n_threads) {
   if (a.n_rows == 0) return;
   n_threads = std::max(1, n_threads);
   const std::vector<WorkItem> items = make_items(a);
-  std::vector<float> lse_tmp;
-  float* lse_all = a.lse;
-  if (a.key_mass != nullptr && lse_all == nullptr) {
-    lse_tmp.resize(static_cast<size_t>(a.n_rows) * a.n_heads);
-    lse_all = lse_tmp.data();
-  }
   const int n_items = static_cast<int>(items.size());
-#pragma omp parallel for num_threads(n_threads) schedule(dynamic, 1) if (n_threads > 1 && n_items > 1)
-  for (int i = 0; i < n_items; ++i) run_item(a, items[i], lse_all);
+  const bool parallel = n_threads > 1 && n_items > 1;
+  // key_mass: one thread runs the items in order and adds as it goes; several threads would
+  // race (and add in a schedule-dependent order), so each item keeps its column sums and they
+  // are added afterwards per KV head in item order -- the same sums in the same order.
+  const bool direct = !parallel;
+  std::vector<ItemMass> item_mass;
+  if (a.key_mass != nullptr && !direct) item_mass.resize(items.size());
+#pragma omp parallel for num_threads(n_threads) schedule(dynamic, 1) if (parallel)
+  for (int i = 0; i < n_items; ++i)
+    run_item(a, items[i], a.lse, direct, item_mass.empty() ? nullptr : &item_mass[i]);
 
-  if (a.key_mass == nullptr) return;
-  // One KV head per task: every item of head g adds into key_mass[g, :] from the same thread.
+  if (item_mass.empty()) return;
   const int Hkv = a.n_kv_heads;
-#pragma omp parallel for num_threads(n_threads) schedule(dynamic, 1) if (n_threads > 1 && Hkv > 1)
+#pragma omp parallel for num_threads(n_threads) schedule(dynamic, 1) if (Hkv > 1)
   for (int g = 0; g < Hkv; ++g)
-    for (const WorkItem& it : items)
-      if (it.kv_head == g) run_key_mass_item(a, it, lse_all);
+    for (int i = 0; i < n_items; ++i)
+      if (items[i].kv_head == g)
+        add_item_mass(a, g, item_mass[i].slot.data(), item_mass[i].mass.data(),
+                      item_mass[i].slot.size());
 }
 
 }  // namespace kvlab

@@ -15,9 +15,11 @@
 // the keys tile by tile with the online-softmax recurrence (kernels/common/online_softmax.h),
 // loading each key once for all query vectors that share it (the G heads of a group, and with a
 // full selection several rows), with AVX2+FMA dot products and exp. Its output does not depend on
-// the tile size beyond float rounding. key_mass takes a second pass (it needs the final LSE).
-// Threads (OpenMP, the engine's team) split work items (block of rows, KV head); the key_mass
-// pass splits over KV heads. Results are bitwise independent of n_threads.
+// the tile size beyond float rounding. key_mass reads no key twice: the raw scores of a work item
+// are kept in per-thread scratch and turned into exp(s_j - LSE) once the item's LSEs are known.
+// Threads (OpenMP, the engine's team) split work items (block of rows, KV head); with several
+// threads each item's key_mass column sums are buffered and added per KV head in item order.
+// Results (out, lse, key_mass) are bitwise independent of n_threads.
 //
 // Contract: selection ranges lie in [0, n_slots) (std::invalid_argument otherwise); selection
 // n_rows / n_kv_heads must match. The kernels are pure functions of their arguments.

@@ -260,6 +260,47 @@ TEST(Attention, KeyMassSumsToRowsTimesGroup) {
   }
 }
 
+TEST(Attention, KeyMassChangesNothingElseAndIsThreadIndependent) {
+  // key_mass comes from scores kept during the main pass: asking for it leaves out and lse
+  // bitwise unchanged, and with many items per KV head (prefill-like: 40 rows, full selection
+  // and explicit) the per-item buffers added in item order give the one-thread sums exactly.
+  std::mt19937 rng(21);
+  FakeCache cache(16, 2, 64, 300, 0.1, rng);
+  const int rows = 40, G = 2;
+  std::vector<float> q(static_cast<size_t>(rows) * 2 * G * 64);
+  std::normal_distribution<float> nd(0.f, 1.5f);
+  for (auto& x : q) x = nd(rng);
+  std::vector<int64_t> qpos(rows);
+  for (int r = 0; r < rows; ++r) qpos[r] = cache.max_position() - 5 * (rows - 1 - r);
+  const KeySelection sel = random_selection(rows, 2, 300, rng);
+  for (int mode = 0; mode < 2; ++mode) {
+    AttentionArgs a;
+    a.q = q.data();
+    a.n_rows = rows;
+    a.n_heads = 2 * G;
+    a.n_kv_heads = 2;
+    a.head_dim = 64;
+    a.q_positions = qpos.data();
+    a.kv = cache.layer();
+    a.selection = mode == 0 ? nullptr : &sel;
+    a.scale = 0.125f;
+    const Outputs plain = run(a, true, 1);
+    float dummy = 0;
+    a.key_mass = &dummy;  // run() substitutes a real buffer
+    const Outputs ref = run(a, false, 1);
+    const Outputs one = run(a, true, 1);
+    ASSERT_EQ(plain.out, one.out) << "mode " << mode;
+    ASSERT_EQ(plain.lse, one.lse) << "mode " << mode;
+    expect_close(ref, one, "mode " + std::to_string(mode));
+    for (int threads : {2, 3}) {
+      const Outputs got = run(a, true, threads);
+      ASSERT_EQ(one.out, got.out) << "mode " << mode << " threads " << threads;
+      ASSERT_EQ(one.lse, got.lse) << "mode " << mode << " threads " << threads;
+      ASSERT_EQ(one.mass, got.mass) << "mode " << mode << " threads " << threads;
+    }
+  }
+}
+
 TEST(Attention, RopeAtReadEqualsPreRotatedKeys) {
   std::mt19937 rng(77);
   for (RopeLayout layout : {RopeLayout::kInterleaved, RopeLayout::kNeox}) {
