@@ -25,7 +25,21 @@ PolicyModelShape policy_shape(const ModelConfig& c) {
   return PolicyModelShape{c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim, c.max_seq_len};
 }
 
+double LayerProbeStats::recall_mean() const {
+  return samples > 0 ? recall_sum / double(samples) : std::nan("");
+}
+
+double LayerProbeStats::rel_error_mean() const {
+  return samples > 0 ? rel_error_sum / double(samples) : std::nan("");
+}
+
 namespace {
+
+std::vector<LayerProbeStats> empty_layer_probes(int n_layers) {
+  std::vector<LayerProbeStats> v(n_layers);
+  for (int l = 0; l < n_layers; ++l) v[l].layer = l;
+  return v;
+}
 
 Matrix as_matrix(const WeightView& w) { return Matrix{w.dtype, w.rows, w.cols, w.data}; }
 
@@ -129,6 +143,7 @@ struct Engine::Sequence {
   bool probing_step = false;
   int64_t probe_samples = 0;
   double recall_sum = 0, recall_min = 1, err_sum = 0, err_max = 0;
+  std::vector<LayerProbeStats> layer_probe;  // [n_layers] (only probed layers counted)
 };
 
 struct Engine::Group {
@@ -218,7 +233,10 @@ SeqId Engine::start_sequence(std::unique_ptr<AttentionPolicy> policy) {
   s->id = store_->create_sequence();
   if (policy) s->needs = policy->needs();
   s->policy = std::move(policy);
-  if (opts_.probe) s->shadow.resize(config().n_layers);
+  if (opts_.probe) {
+    s->shadow.resize(config().n_layers);
+    s->layer_probe = empty_layer_probes(config().n_layers);
+  }
   const SeqId id = s->id;
   seqs_[id] = std::move(s);
   return id;
@@ -246,6 +264,7 @@ SeqId Engine::fork(SeqId seq, std::unique_ptr<AttentionPolicy> child_policy) {
   s->policy = std::move(child_policy);
   s->n_tokens = parent.n_tokens;
   s->shadow = parent.shadow;
+  if (opts_.probe) s->layer_probe = empty_layer_probes(config().n_layers);  // counts start at 0
   s->blocks_current = s->blocks_peak = parent.blocks_current;
   const SeqId id = s->id;
   seqs_[id] = std::move(s);
@@ -276,6 +295,8 @@ SequenceStats Engine::sequence_stats(SeqId seq) const {
     st.probe_rel_error_mean = s.err_sum / s.probe_samples;
     st.probe_rel_error_max = s.err_max;
   }
+  if (opts_.probe)
+    for (int l : opts_.probe_layers) st.probe_per_layer.push_back(s.layer_probe[l]);
   return st;
 }
 
@@ -595,6 +616,10 @@ void Engine::probe_layer(Group& g, int layer, const float* q, const KeySelection
     s.recall_min = std::min(s.recall_min, recall);
     s.err_sum += err;
     s.err_max = std::max(s.err_max, err);
+    LayerProbeStats& lp = s.layer_probe[layer];
+    lp.samples += 1;
+    lp.recall_sum += recall;
+    lp.rel_error_sum += err;
   }
 }
 

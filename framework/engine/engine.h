@@ -61,6 +61,17 @@ struct EngineOptions {
 // averaged over layers and query heads; "set" is what the policy's budget allows
 // (budget_tokens(layer, n_seen), or every token seen when it has none), "achieved" what the
 // attention really read.
+// One probed layer's probe sums (EngineOptions::probe): `samples` (step, query head) pairs of
+// that layer, and the sums of their recall and rel_error (defined under SequenceStats). Sums
+// rather than means so several sequences pool by adding.
+struct LayerProbeStats {
+  int layer = 0;
+  int64_t samples = 0;
+  double recall_sum = 0, rel_error_sum = 0;
+  double recall_mean() const;     // recall_sum / samples; NaN without samples
+  double rel_error_mean() const;  // rel_error_sum / samples; NaN without samples
+};
+
 struct SequenceStats {
   int64_t n_tokens = 0;            // tokens fed so far
   int64_t decode_steps = 0;
@@ -76,6 +87,10 @@ struct SequenceStats {
   int64_t probe_samples = 0;
   double probe_recall_mean = 0, probe_recall_min = 1, probe_rel_error_mean = 0,
          probe_rel_error_max = 0;
+  // The same per probed layer, ascending (EngineOptions::probe_layers after defaulting); empty
+  // when probes are off. Pooled: sum of samples = probe_samples, and
+  // sum of recall_sum / probe_samples = probe_recall_mean (likewise rel_error).
+  std::vector<LayerProbeStats> probe_per_layer;
 };
 
 class Engine {

@@ -494,6 +494,60 @@ TEST(Engine, ProbeMeasuresRecallAndError) {
   EXPECT_GT(st.probe_rel_error_mean, 1e-4);
 }
 
+// Per-layer probe sums add up to the pooled values: samples sum to probe_samples, recall and
+// error sums over layers divided by probe_samples give the pooled means.
+TEST(Engine, ProbePerLayerPoolsToTheTotals) {
+  auto model = make_random_model(tiny_config(), DType::kF32, 19);
+  const auto tokens = random_tokens(40, model->config.vocab_size, 20);
+  EngineOptions o;
+  o.probe = true;
+  o.probe_every = 3;
+  o.probe_layers = {1, 0};  // the engine sorts them
+  Engine e(*model, o);
+  SeqId win = e.start_sequence(std::make_unique<WindowPolicy>(4));
+  decode_all(e, win, tokens);
+  const SequenceStats st = e.sequence_stats(win);
+  ASSERT_EQ(st.probe_per_layer.size(), 2u);
+  int64_t samples = 0;
+  double recall = 0, err = 0;
+  for (size_t i = 0; i < st.probe_per_layer.size(); ++i) {
+    const LayerProbeStats& lp = st.probe_per_layer[i];
+    EXPECT_EQ(lp.layer, int(i));
+    // decode steps 0, 3, ..., 39 probed (14 steps), 4 query heads each
+    EXPECT_EQ(lp.samples, 14 * 4);
+    EXPECT_NEAR(lp.recall_mean(), lp.recall_sum / double(lp.samples), 1e-15);
+    EXPECT_GT(lp.recall_mean(), 0.0);
+    EXPECT_LT(lp.recall_mean(), 0.999);
+    EXPECT_GE(lp.recall_mean(), st.probe_recall_min - 1e-12);
+    EXPECT_LE(lp.rel_error_mean(), st.probe_rel_error_max + 1e-12);
+    samples += lp.samples;
+    recall += lp.recall_sum;
+    err += lp.rel_error_sum;
+  }
+  EXPECT_EQ(samples, st.probe_samples);
+  EXPECT_NEAR(recall / double(samples), st.probe_recall_mean, 1e-12);
+  EXPECT_NEAR(err / double(samples), st.probe_rel_error_mean, 1e-12);
+
+  // Only the listed layer is reported; full attention recalls everything in it.
+  EngineOptions one = o;
+  one.probe_layers = {1};
+  Engine e1(*model, one);
+  SeqId full = e1.start_sequence();
+  decode_all(e1, full, tokens);
+  const SequenceStats fs = e1.sequence_stats(full);
+  ASSERT_EQ(fs.probe_per_layer.size(), 1u);
+  EXPECT_EQ(fs.probe_per_layer[0].layer, 1);
+  EXPECT_EQ(fs.probe_per_layer[0].samples, fs.probe_samples);
+  EXPECT_NEAR(fs.probe_per_layer[0].recall_mean(), 1.0, 1e-9);
+  EXPECT_LT(fs.probe_per_layer[0].rel_error_mean(), 1e-4);
+
+  // Probes off: nothing per layer.
+  Engine e0(*model, EngineOptions{});
+  SeqId plain = e0.start_sequence();
+  decode_all(e0, plain, tokens);
+  EXPECT_TRUE(e0.sequence_stats(plain).probe_per_layer.empty());
+}
+
 TEST(Engine, BadInputIsAnErrorOrAStatus) {
   auto model = make_random_model(tiny_config(), DType::kF32, 21);
   EngineOptions o;
