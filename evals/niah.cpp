@@ -15,6 +15,10 @@ uint64_t splitmix64(uint64_t& state) {
   return z ^ (z >> 31);
 }
 
+const char* to_string(NeedlePlacement placement) {
+  return placement == NeedlePlacement::kNearest ? "nearest" : "previous";
+}
+
 namespace {
 
 bool piece_ends_sentence(std::string piece) {
@@ -84,10 +88,22 @@ NiahPrompt build_niah_prompt(const Tokenizer& tokenizer, const Haystack& haystac
   p.haystack_offset = haystack.sentence_starts[uniform(rng, haystack.sentence_starts.size())];
   auto hay_at = [&](int64_t i) { return (p.haystack_offset + i) % n_hay; };
 
-  // Needle position inside the excerpt: floor(B * d / 100), back to a sentence end.
-  int64_t at = depth_percent >= 100 ? budget : int64_t(std::floor(double(budget) * depth_percent / 100.0));
-  if (depth_percent < 100)
-    while (at > 0 && !haystack.ends_sentence[hay_at(at - 1)]) --at;
+  // Needle position inside the excerpt: the sentence boundary before (or nearest to)
+  // t = floor(B * d / 100); see niah.h.
+  const int64_t target = depth_percent >= 100 ? budget : int64_t(std::floor(double(budget) * depth_percent / 100.0));
+  int64_t at = target;
+  if (depth_percent < 100) {
+    auto is_boundary = [&](int64_t i) { return i == 0 || haystack.ends_sentence[hay_at(i - 1)]; };
+    int64_t before = target;
+    while (!is_boundary(before)) --before;
+    at = before;
+    if (options.placement == NeedlePlacement::kNearest)
+      for (int64_t after = target + 1; after <= budget && after - target < target - before; ++after)
+        if (is_boundary(after)) {
+          at = after;
+          break;
+        }
+  }
 
   p.tokens.reserve(context_length);
   if (n_bos) p.tokens.push_back(tokenizer.bos_id());

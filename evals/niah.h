@@ -5,9 +5,11 @@
 //   [BOS] haystack[o, o+p) NEEDLE haystack[o+p, o+B) QUESTION
 // where the haystack is tokenized once and read cyclically from a sentence start o drawn from
 // the trial's seed, B = context_length - |BOS| - |NEEDLE| - |QUESTION| haystack tokens are
-// kept, and the needle goes at p = floor(B * depth / 100) moved back to the nearest sentence
-// end (a token whose text, trailing white space removed, ends with '.', '!' or '?'), or at the
-// very end when depth = 100. Needle and question are tokenized on their own (SentencePiece adds
+// kept, and the needle goes at a sentence boundary near t = floor(B * depth / 100), or at the
+// very end when depth = 100. A boundary is an excerpt index i in [0, B] with i = 0 (the excerpt
+// starts a sentence) or haystack token i-1 ending a sentence (its text, trailing white space
+// removed, ends with '.', '!' or '?'). NeedlePlacement::kNearest takes the boundary nearest to
+// t (ties to the earlier one); kPrevious the last boundary <= t (gkamradt's rule). Needle and question are tokenized on their own (SentencePiece adds
 // its word-start space; a byte-level BPE tokenizer gets a leading space), so the needle's tokens
 // are the same whatever surrounds it and its position is exact.
 //
@@ -43,10 +45,14 @@ struct Haystack {
 };
 Haystack make_haystack(const Tokenizer& tokenizer, const std::string& text);
 
+enum class NeedlePlacement { kNearest, kPrevious };
+const char* to_string(NeedlePlacement placement);  // "nearest" | "previous"
+
 struct NiahOptions {
   std::string needle = "The special magic number is {value}.";
   std::string question = "What is the special magic number? The special magic number is";
   int value_digits = 7;
+  NeedlePlacement placement = NeedlePlacement::kNearest;
 };
 
 struct NiahPrompt {

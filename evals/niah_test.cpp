@@ -52,18 +52,26 @@ void check_prompt(const Tokenizer& tok, const Haystack& hay, const NiahOptions& 
     ASSERT_EQ(excerpt[i], hay.tokens[(p.haystack_offset + int64_t(i)) % n]) << i;
   EXPECT_TRUE(p.haystack_offset == 0 || hay.ends_sentence[p.haystack_offset - 1]);
 
-  // Placement: at = haystack tokens before the needle; the sentence end nearest below
-  // floor(B * depth / 100), or the end for depth 100.
+  // Placement: at = haystack tokens before the needle. Boundaries are excerpt indices i in
+  // [0, B] with i = 0 or haystack token i-1 ending a sentence; with t = floor(B * depth / 100),
+  // kPrevious takes the last boundary <= t, kNearest the one nearest t (ties: the earlier one);
+  // depth 100 puts the needle at the end.
   const int64_t budget = int64_t(excerpt.size());
   const int64_t at = p.needle_pos - 1;
   if (depth >= 100) {
     EXPECT_EQ(at, budget);
   } else {
     const int64_t target = int64_t(std::floor(double(budget) * depth / 100));
-    EXPECT_LE(at, target);
-    EXPECT_TRUE(at == 0 || hay.ends_sentence[(p.haystack_offset + at - 1) % n]);
-    for (int64_t j = at + 1; j <= target; ++j)
-      EXPECT_FALSE(hay.ends_sentence[(p.haystack_offset + j - 1) % n]) << "closer sentence end at " << j;
+    int64_t want = -1;
+    for (int64_t i = 0; i <= budget; ++i) {
+      if (i != 0 && !hay.ends_sentence[(p.haystack_offset + i - 1) % n]) continue;
+      if (opt.placement == NeedlePlacement::kPrevious) {
+        if (i <= target) want = i;
+      } else if (want < 0 || std::abs(i - target) < std::abs(want - target)) {
+        want = i;
+      }
+    }
+    EXPECT_EQ(at, want) << "target " << target << ", placement " << to_string(opt.placement);
   }
 }
 
@@ -71,13 +79,51 @@ TEST(Niah, PromptHasExactLengthAndNeedlePlacement) {
   ByteTokenizer tok;
   const Haystack hay = make_haystack(tok, kHay);
   ASSERT_GT(hay.sentence_starts.size(), 5u);
-  NiahOptions opt;
-  for (int length : {140, 200, 257, 1000})  // 1000 > haystack: the haystack wraps around
-    for (double depth : {0.0, 10.0, 33.3, 50.0, 90.0, 100.0})
-      for (uint64_t seed : {1, 2, 3}) {
-        const NiahPrompt p = build_niah_prompt(tok, hay, opt, length, depth, seed);
-        check_prompt(tok, hay, opt, length, depth, p);
-      }
+  EXPECT_EQ(NiahOptions{}.placement, NeedlePlacement::kNearest);
+  int moved_forward = 0;  // prompts where nearest lies after the target (differs from previous)
+  for (NeedlePlacement placement : {NeedlePlacement::kNearest, NeedlePlacement::kPrevious}) {
+    NiahOptions opt;
+    opt.placement = placement;
+    for (int length : {140, 200, 257, 1000})  // 1000 > haystack: the haystack wraps around
+      for (double depth : {0.0, 10.0, 33.3, 50.0, 70.0, 90.0, 100.0})
+        for (uint64_t seed : {1, 2, 3}) {
+          const NiahPrompt p = build_niah_prompt(tok, hay, opt, length, depth, seed);
+          check_prompt(tok, hay, opt, length, depth, p);
+          if (placement == NeedlePlacement::kNearest) {
+            NiahOptions prev = opt;
+            prev.placement = NeedlePlacement::kPrevious;
+            const NiahPrompt q = build_niah_prompt(tok, hay, prev, length, depth, seed);
+            EXPECT_GE(p.needle_pos, q.needle_pos);
+            EXPECT_EQ(p.value, q.value);
+            EXPECT_EQ(p.haystack_offset, q.haystack_offset);
+            moved_forward += p.needle_pos > q.needle_pos;
+          }
+        }
+  }
+  EXPECT_GT(moved_forward, 0);
+}
+
+// Sentences of 6 tokens: boundaries at every multiple of 6 of the excerpt. A target 3 past a
+// boundary is a tie (nearest takes the earlier one), 4 past goes forward, 2 past goes back.
+TEST(Niah, NearestPlacementTiesToTheEarlierBoundary) {
+  ByteTokenizer tok;
+  std::string text;
+  for (int i = 0; i < 100; ++i) text += "abcde.";
+  const Haystack hay = make_haystack(tok, text);
+  const int length = 300;
+  NiahOptions nearest, previous;
+  previous.placement = NeedlePlacement::kPrevious;
+  const NiahPrompt probe = build_niah_prompt(tok, hay, nearest, length, 0, 5);
+  const int64_t budget = length - 1 - probe.needle_tokens - probe.question_tokens;
+  for (int64_t target : {int64_t(60), int64_t(62), int64_t(63), int64_t(64), int64_t(65)}) {
+    SCOPED_TRACE(target);
+    const double depth = 100.0 * (double(target) + 0.5) / double(budget);
+    ASSERT_EQ(int64_t(std::floor(double(budget) * depth / 100)), target);
+    const int64_t at_nearest = build_niah_prompt(tok, hay, nearest, length, depth, 5).needle_pos - 1;
+    const int64_t at_previous = build_niah_prompt(tok, hay, previous, length, depth, 5).needle_pos - 1;
+    EXPECT_EQ(at_previous, 60);
+    EXPECT_EQ(at_nearest, target - 60 <= 3 ? 60 : 66);
+  }
 }
 
 TEST(Niah, PromptsAreAFunctionOfTheSeed) {

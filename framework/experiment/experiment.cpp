@@ -297,7 +297,7 @@ void parse_niah(const Reader& r, const YAML::Node& node, const fs::path& file, N
   const std::string path = "evals.niah";
   r.expect_map(node, path,
                {"haystack", "context_lengths", "depths", "trials", "needle", "question",
-                "value_digits", "max_answer_tokens", "decode_tail_tokens"},
+                "value_digits", "needle_placement", "max_answer_tokens", "decode_tail_tokens"},
                {"haystack", "context_lengths", "depths"});
   n.enabled = true;
   n.ref = r.ref(node, path);
@@ -316,6 +316,11 @@ void parse_niah(const Reader& r, const YAML::Node& node, const fs::path& file, N
   if (node["question"]) n.question = r.get_string(node["question"], path + ".question");
   if (node["value_digits"])
     n.value_digits = int(r.get_int(node["value_digits"], path + ".value_digits", 1, 18));
+  if (node["needle_placement"])
+    n.needle_placement = r.get_choice(node["needle_placement"], path + ".needle_placement",
+                                      {"nearest", "previous"}) == "nearest"
+                             ? NeedlePlacement::kNearest
+                             : NeedlePlacement::kPrevious;
   if (node["max_answer_tokens"])
     n.max_answer_tokens = int(r.get_int(node["max_answer_tokens"], path + ".max_answer_tokens", 1, 4096));
   if (const YAML::Node t = node["decode_tail_tokens"]) {

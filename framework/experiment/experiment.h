@@ -19,6 +19,7 @@
 //   evals:
 //     niah: {haystack: path | [paths], context_lengths: [int], depths: [0..100], trials: int,
 //            needle: str with {value}, question: str, value_digits: int,
+//            needle_placement: nearest|previous,
 //            max_answer_tokens: int, decode_tail_tokens: int | "question"}
 //     perplexity: {text: path | [paths], tokens: int, protocol: streaming|chunked|sliding,
 //                  n_ctx: int (chunked), window: int, stride: int (sliding), checkpoints: [int]}
@@ -33,6 +34,7 @@
 #include <string>
 #include <vector>
 
+#include "evals/niah.h"
 #include "evals/perplexity.h"
 #include "framework/policy/params.h"
 
@@ -89,6 +91,7 @@ struct NiahSpec {
   std::string needle = "The special magic number is {value}.";
   std::string question = "What is the special magic number? The special magic number is";
   int value_digits = 7;
+  NeedlePlacement needle_placement = NeedlePlacement::kNearest;  // evals/niah.h
   int max_answer_tokens = 12;
   int decode_tail_tokens = -1;  // -1 = the question's tokens
   SourceRef ref;

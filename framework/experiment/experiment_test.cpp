@@ -40,6 +40,7 @@ evals:
     depths: [0, 50, 100]
     trials: 2
     value_digits: 5
+    needle_placement: previous
     decode_tail_tokens: 4
   perplexity:
     text: t.txt
@@ -77,6 +78,12 @@ TEST(Experiment, ParsesEveryField) {
   EXPECT_EQ(s.niah.value_digits, 5);
   EXPECT_EQ(s.niah.decode_tail_tokens, 4);
   EXPECT_EQ(s.niah.needle, "The special magic number is {value}.");
+  EXPECT_EQ(s.niah.needle_placement, NeedlePlacement::kPrevious);
+  // Unwritten, the needle goes to the nearest sentence boundary.
+  EXPECT_EQ(parse_experiment_text("model: {path: m.gguf}\npolicies: [{type: full}]\nevals: {niah: {haystack: h.txt, "
+                                  "context_lengths: [256], depths: [50]}}\n", "d.yaml")
+                .niah.needle_placement,
+            NeedlePlacement::kNearest);
   EXPECT_TRUE(s.perplexity.enabled);
   EXPECT_EQ(s.perplexity.protocol, PplProtocol::kSliding);
   EXPECT_EQ(s.perplexity.window, 256);
