@@ -6,6 +6,7 @@
 // PPL = exp(mean NLL) with its standard error (delta method, as llama.cpp).
 #include <chrono>
 #include <cstdio>
+#include <unistd.h>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -125,13 +126,18 @@ int run_perplexity(const std::vector<std::string>& args) {
   po_.protocol = PplProtocol::kChunked;
   po_.n_ctx = n_ctx;
   const auto t0 = std::chrono::steady_clock::now();
+  // On a terminal the progress line is redrawn; in a log, one line every ~10% of the text.
+  const bool tty = isatty(fileno(stderr));
+  int64_t next_report = 0;
   po_.on_progress = [&](int64_t fed) {
+    if (!tty && fed < next_report) return;
+    next_report = fed + static_cast<int64_t>(tokens.size() / 10) + 1;
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    std::fprintf(stderr, "\r[%lld / %zu tokens, %.0f tok/s]", static_cast<long long>(fed), tokens.size(),
-                 fed / std::max(s, 1e-9));
+    std::fprintf(stderr, tty ? "\r[%lld / %zu tokens, %.0f tok/s]" : "[%lld / %zu tokens, %.0f tok/s]\n",
+                 static_cast<long long>(fed), tokens.size(), fed / std::max(s, 1e-9));
   };
   const PerplexityResult r = evaluate_perplexity(lm, tokens, tok.bos_id(), po_);
-  std::fprintf(stderr, "\n");
+  if (tty) std::fprintf(stderr, "\n");
   std::printf("PPL = %.4f +/- %.4f  (%zu scored tokens in %zu windows of %d, text %s, %zu tokens with BOS, "
               "tokenizer %s)\n",
               r.ppl, r.ppl_stderr, r.nll.size(), tokens.size() / static_cast<size_t>(n_ctx), n_ctx,
