@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -213,6 +214,40 @@ TEST_F(RunE2e, ResultsReadBackWithValuesAttributesAndShapes) {
       EXPECT_GT(r, 0.0);
       EXPECT_LE(r, 1.0 + 1e-6);
       if (run == "full") EXPECT_NEAR(r, 1.0, 1e-4);
+    }
+
+    // Per-layer probes: one entry per probed layer, pooling back to the cell's attributes.
+    for (const char* name : {"niah_L200_D50", "ppl_T0"}) {
+      SCOPED_TRACE(name);
+      const CellRecord c = f.read_cell(run, name);
+      const auto& layers = std::get<std::vector<int64_t>>(c.datasets.at("probe_layers").data);
+      const auto& samples = std::get<std::vector<int64_t>>(c.datasets.at("probe_samples_per_layer").data);
+      const auto& recall = std::get<std::vector<double>>(c.datasets.at("attention_recall_per_layer").data);
+      const auto& err = std::get<std::vector<double>>(c.datasets.at("output_rel_error_per_layer").data);
+      const int n_layers = model->config.n_layers;
+      std::vector<int64_t> want_layers = {0, n_layers / 2, n_layers - 1};  // the engine's default
+      want_layers.erase(std::unique(want_layers.begin(), want_layers.end()), want_layers.end());
+      EXPECT_EQ(layers, want_layers);
+      ASSERT_EQ(samples.size(), layers.size());
+      ASSERT_EQ(recall.size(), layers.size());
+      ASSERT_EQ(err.size(), layers.size());
+      int64_t n = 0;
+      double recall_sum = 0, err_sum = 0;
+      for (size_t l = 0; l < layers.size(); ++l) {
+        EXPECT_GT(samples[l], 0);
+        EXPECT_GT(recall[l], 0.0);
+        EXPECT_LE(recall[l], 1.0 + 1e-6);
+        EXPECT_GE(err[l], 0.0);
+        if (run == "full") {
+          EXPECT_NEAR(recall[l], 1.0, 1e-4);
+        }
+        n += samples[l];
+        recall_sum += recall[l] * double(samples[l]);
+        err_sum += err[l] * double(samples[l]);
+      }
+      EXPECT_EQ(n, std::get<int64_t>(c.attrs.at("probe_samples")));
+      EXPECT_NEAR(recall_sum / double(n), std::get<double>(c.attrs.at("recall_mean")), 1e-9);
+      EXPECT_NEAR(err_sum / double(n), std::get<double>(c.attrs.at("rel_error_mean")), 1e-9);
     }
 
     const CellRecord ppl = f.read_cell(run, "ppl_T0");

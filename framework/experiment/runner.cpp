@@ -141,6 +141,35 @@ void add_sequence_attrs(AttrMap& a, const std::vector<SequenceStats>& stats) {
   a["rel_error_max"] = probes ? err_max : kNaN;
 }
 
+// The probes per layer, pooled over `stats` (samples-weighted): datasets probe_layers [L],
+// probe_samples_per_layer [L], attention_recall_per_layer [L] and output_rel_error_per_layer [L]
+// (NaN for a layer without samples). Nothing when no sequence was probed.
+void add_probe_layer_datasets(std::map<std::string, Dataset>& datasets,
+                              const std::vector<SequenceStats>& stats) {
+  std::map<int, LayerProbeStats> pooled;
+  for (const SequenceStats& s : stats)
+    for (const LayerProbeStats& lp : s.probe_per_layer) {
+      LayerProbeStats& p = pooled[lp.layer];
+      p.layer = lp.layer;
+      p.samples += lp.samples;
+      p.recall_sum += lp.recall_sum;
+      p.rel_error_sum += lp.rel_error_sum;
+    }
+  if (pooled.empty()) return;
+  std::vector<int64_t> layers, samples;
+  std::vector<double> recall, err;
+  for (const auto& [layer, p] : pooled) {
+    layers.push_back(layer);
+    samples.push_back(p.samples);
+    recall.push_back(p.recall_mean());
+    err.push_back(p.rel_error_mean());
+  }
+  datasets["probe_layers"] = column(layers);
+  datasets["probe_samples_per_layer"] = column(samples);
+  datasets["attention_recall_per_layer"] = column(recall);
+  datasets["output_rel_error_per_layer"] = column(err);
+}
+
 void add_timing_attrs(AttrMap& a, const EngineLm& lm) {
   a["prefill_s"] = lm.prefill_s;
   a["decode_s"] = lm.decode_s;
@@ -163,7 +192,7 @@ CellRecord run_niah_cell(const CellSpec& cell, EngineLm& lm, Inputs& in) {
   const NiahSpec& n = in.spec.niah;
   const int length = n.context_lengths[cell.length_idx];
   const double depth = n.depths[cell.depth_idx];
-  NiahOptions opt{n.needle, n.question, n.value_digits};
+  NiahOptions opt{n.needle, n.question, n.value_digits, n.needle_placement};
   std::vector<std::string> values, answers;
   std::vector<int8_t> correct;
   std::vector<int64_t> first_wrong, needle_pos, needle_tokens, offsets, seeds, trial_seeds, kv_peak,
@@ -231,6 +260,7 @@ CellRecord run_niah_cell(const CellSpec& cell, EngineLm& lm, Inputs& in) {
   for (int8_t c : correct) n_correct += c;
   rec.attrs["accuracy"] = double(n_correct) / double(correct.size());
   add_sequence_attrs(rec.attrs, all_stats);
+  add_probe_layer_datasets(rec.datasets, all_stats);
   add_timing_attrs(rec.attrs, lm);
   return rec;
 }
@@ -265,6 +295,7 @@ CellRecord run_ppl_cell(const CellSpec& cell, EngineLm& lm, Inputs& in) {
   rec.attrs["mean_nll"] = r.mean_nll;
   rec.attrs["status"] = r.stopped.empty() ? std::string("ok") : r.stopped;
   add_sequence_attrs(rec.attrs, lm.ended);
+  add_probe_layer_datasets(rec.datasets, lm.ended);
   add_timing_attrs(rec.attrs, lm);
   return rec;
 }
@@ -383,7 +414,8 @@ int run_experiment(const ExperimentSpec& spec, const RunOptions& o) {
     for (const auto& h : spec.niah.haystack) text += (text.empty() ? "" : "\n\n") + read_text(h);
     in.haystack = make_haystack(tokenizer, text);
     // Every length must hold BOS + needle + question: find out now, naming the key.
-    const NiahOptions opt{spec.niah.needle, spec.niah.question, spec.niah.value_digits};
+    const NiahOptions opt{spec.niah.needle, spec.niah.question, spec.niah.value_digits,
+                          spec.niah.needle_placement};
     for (size_t i = 0; i < spec.niah.context_lengths.size(); ++i) {
       try {
         build_niah_prompt(tokenizer, *in.haystack, opt, spec.niah.context_lengths[i], 50, 0);
