@@ -11,15 +11,6 @@
 namespace kvlab::cli {
 namespace {
 
-const char* type_name(ParamType t) {
-  switch (t) {
-    case ParamType::kBool: return "bool";
-    case ParamType::kInt: return "int";
-    case ParamType::kFloat: return "float";
-    case ParamType::kString: return "string";
-  }
-  return "?";
-}
 
 void print_policy(const PolicyRegistry& registry, const std::string& name) {
   const PolicyFactory& f = registry.at(name);
@@ -35,7 +26,7 @@ void print_policy(const PolicyRegistry& registry, const std::string& name) {
       extra = " [" + (p.min ? to_string(ParamValue(*p.min)) : std::string("-inf")) + ", " +
               (p.max ? to_string(ParamValue(*p.max)) : std::string("inf")) + "]";
     }
-    std::printf("    %-16s %-6s = %-10s%s  %s\n", p.name.c_str(), type_name(p.type),
+    std::printf("    %-16s %-6s = %-10s%s  %s\n", p.name.c_str(), to_string(p.type),
                 to_string(p.default_value).c_str(), extra.c_str(), p.doc.c_str());
   }
 }

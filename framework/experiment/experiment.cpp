@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "framework/core/error.h"
+#include "framework/core/strings.h"
 #include "framework/policy/policy.h"
 
 namespace kvlab {
@@ -22,27 +23,6 @@ std::string SourceRef::str() const {
   return out;
 }
 
-static size_t levenshtein(const std::string& a, const std::string& b) {
-  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    cur[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j)
-      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] != b[j - 1])});
-    std::swap(prev, cur);
-  }
-  return prev[b.size()];
-}
-
-std::string nearest_name(const std::string& key, const std::vector<std::string>& candidates) {
-  std::string best;
-  size_t best_d = std::max<size_t>(3, key.size() / 3) + 1;
-  for (const auto& c : candidates) {
-    const size_t d = levenshtein(key, c);
-    if (d < best_d) best_d = d, best = c;
-  }
-  return best;
-}
 
 uint64_t parse_byte_size(const std::string& text, const std::string& what) {
   const char* begin = text.c_str();

@@ -27,6 +27,8 @@
 // directory (the first that exists; the current directory when neither does).
 #pragma once
 
+#include "framework/core/strings.h"  // nearest_name
+
 #include <cstdint>
 #include <filesystem>
 #include <functional>
@@ -141,9 +143,6 @@ struct PolicyLookup {
 // Checks each policy's type and every grid point's parameters against the registry
 // (unknown type -> nearest registered type suggested; parameter errors name the key path).
 void check_policies(const ExperimentSpec& spec, const PolicyLookup& lookup);
-
-// The candidate nearest to `key` by Levenshtein distance, if within max(3, |key|/3); else "".
-std::string nearest_name(const std::string& key, const std::vector<std::string>& candidates);
 
 // "64MiB", "1.5GB", "4096" -> bytes. Throws kvlab::Error naming `what` on a malformed size.
 uint64_t parse_byte_size(const std::string& text, const std::string& what);

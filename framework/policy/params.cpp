@@ -6,11 +6,11 @@
 #include <sstream>
 
 #include "framework/core/error.h"
+#include "framework/core/strings.h"
 
 namespace kvlab {
-namespace {
 
-const char* type_name(ParamType t) {
+const char* to_string(ParamType t) {
   switch (t) {
     case ParamType::kBool: return "bool";
     case ParamType::kInt: return "int";
@@ -20,18 +20,7 @@ const char* type_name(ParamType t) {
   return "?";
 }
 
-// Levenshtein distance, for "did you mean" suggestions.
-size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    cur[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j)
-      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] != b[j - 1])});
-    std::swap(prev, cur);
-  }
-  return prev[b.size()];
-}
+namespace {
 
 // Coerces `v` to the spec's type or returns nullopt. An int is a valid float; a float with an
 // integral value is a valid int.
@@ -89,18 +78,17 @@ ParamValues validate_params(const std::string& policy_name, const ParamSpecs& sp
     auto spec = std::find_if(specs.begin(), specs.end(), [&](auto& s) { return s.name == key; });
     if (spec == specs.end()) {
       std::string msg = str_cat(context, ".", key, ": unknown parameter of policy '", policy_name, "'");
-      const ParamSpec* best = nullptr;
-      size_t best_d = 3;  // suggest only close names
-      for (const auto& s : specs)
-        if (size_t d = edit_distance(key, s.name); d < best_d) best_d = d, best = &s;
-      if (best) msg += str_cat(" (did you mean '", best->name, "'?)");
+      std::vector<std::string> names;
+      for (const auto& s : specs) names.push_back(s.name);
+      if (const std::string best = nearest_name(key, names); !best.empty())
+        msg += str_cat(" (did you mean '", best, "'?)");
       std::string valid;
       for (const auto& s : specs) valid += (valid.empty() ? "" : ", ") + s.name;
       fail(msg, "; valid parameters: ", valid.empty() ? "none" : valid);
     }
     auto coerced = coerce(value, spec->type);
     if (!coerced)
-      fail(context, ".", key, ": policy '", policy_name, "' expects ", type_name(spec->type),
+      fail(context, ".", key, ": policy '", policy_name, "' expects ", to_string(spec->type),
            ", got '", to_string(value), "'");
     if (spec->type == ParamType::kInt || spec->type == ParamType::kFloat) {
       const double x = spec->type == ParamType::kInt ? double(std::get<int64_t>(*coerced))

@@ -54,5 +54,6 @@ ParamValues validate_params(const std::string& policy_name, const ParamSpecs& sp
 // "3" -> int, "0.5" -> float, "true"/"false" -> bool, else string; then coerced by the spec type.
 ParamValue parse_param_text(const std::string& text);
 std::string to_string(const ParamValue& value);
+const char* to_string(ParamType type);  // "bool" | "int" | "float" | "string"
 
 }  // namespace kvlab

@@ -5,21 +5,11 @@
 #include <algorithm>
 
 #include "framework/core/error.h"
+#include "framework/core/strings.h"
 #include "framework/policy/plugin.h"
 
 namespace kvlab {
 
-size_t edit_distance(std::string_view a, std::string_view b) {
-  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    cur[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j)
-      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] != b[j - 1])});
-    std::swap(prev, cur);
-  }
-  return prev[b.size()];
-}
 
 void PolicyRegistry::add(std::unique_ptr<PolicyFactory> factory) {
   add_entry(std::move(factory), "built-in");
@@ -43,10 +33,7 @@ const PolicyFactory* PolicyRegistry::find(std::string_view name) const {
 const PolicyFactory& PolicyRegistry::at(std::string_view name) const {
   if (const PolicyFactory* f = find(name)) return *f;
   std::string msg = str_cat("unknown policy '", name, "'");
-  std::string best;
-  size_t best_d = std::max<size_t>(3, name.size() / 3 + 1);  // suggest only close names
-  for (const auto& [n, e] : entries_)
-    if (size_t d = edit_distance(name, n); d < best_d) best_d = d, best = n;
+  const std::string best = nearest_name(name, names());
   if (!best.empty()) msg += str_cat(" (did you mean '", best, "'?)");
   std::string all;
   for (const auto& [n, e] : entries_) all += (all.empty() ? "" : ", ") + n;

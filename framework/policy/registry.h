@@ -57,7 +57,5 @@ class PolicyRegistry {
   std::map<std::string, Entry, std::less<>> entries_;
 };
 
-// Levenshtein distance (also used for parameter-name suggestions).
-size_t edit_distance(std::string_view a, std::string_view b);
 
 }  // namespace kvlab
