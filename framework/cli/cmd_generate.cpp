@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "framework/cli/model_options.h"
 #include "framework/cli/options.h"
 #include "framework/core/error.h"
 #include "framework/engine/engine.h"
@@ -29,17 +30,13 @@ double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::
 int run_generate(const std::vector<std::string>& args) {
   po::options_description desc("options");
   desc.add_options()
-      ("model,m", po::value<std::string>()->required(), "*.gguf | Hugging Face directory | llama2.c *.bin")
       ("prompt,p", po::value<std::string>()->required(), "the text to continue")
       ("max-new-tokens,n", po::value<int>()->default_value(128), "tokens to generate at most")
       ("temperature", po::value<float>()->default_value(0.8f), "sampling temperature; 0 = greedy")
       ("top-k", po::value<int>()->default_value(40), "keep the k most likely tokens; 0 = all")
       ("top-p", po::value<float>()->default_value(0.95f), "nucleus mass; 1 = all")
-      ("seed", po::value<uint64_t>()->default_value(42), "sampling seed")
-      ("threads", po::value<int>()->default_value(0), "threads; 0 = all cores")
-      ("tokenizer,t", po::value<std::string>(), "tokenizer file to use instead of the model's own")
-      ("weight-dtype", po::value<std::string>()->default_value("keep"),
-       "convert weights on load: keep | f32 | f16 | bf16 | q8_0");
+      ("seed", po::value<uint64_t>()->default_value(42), "sampling seed");
+  add_model_options(desc);
   add_policy_options(desc);
   po::positional_options_description pos;
   po::variables_map vm;
@@ -54,11 +51,7 @@ int run_generate(const std::vector<std::string>& args) {
   so.seed = vm["seed"].as<uint64_t>();
   Sampler sampler(so);  // validates the sampling options before the model loads
 
-  LoadOptions lo;
-  lo.weight_dtype = vm["weight-dtype"].as<std::string>();
-  lo.require_tokenizer = true;
-  if (vm.count("tokenizer")) lo.tokenizer_path = vm["tokenizer"].as<std::string>();
-  const std::unique_ptr<Model> model = load_model(vm["model"].as<std::string>(), lo);
+  const std::unique_ptr<Model> model = load_model_from_options(vm);
   const Tokenizer& tok = model->require_tokenizer();
   const ModelConfig& c = model->config;
 

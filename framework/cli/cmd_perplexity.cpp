@@ -14,6 +14,7 @@
 
 #include "evals/lm.h"
 #include "evals/perplexity.h"
+#include "framework/cli/model_options.h"
 #include "framework/cli/options.h"
 #include "framework/core/error.h"
 #include "framework/engine/engine.h"
@@ -75,14 +76,10 @@ std::string read_file(const std::string& path) {
 int run_perplexity(const std::vector<std::string>& args) {
   po::options_description desc("options");
   desc.add_options()
-      ("model,m", po::value<std::string>()->required(), "*.gguf | Hugging Face directory | llama2.c *.bin")
       ("text", po::value<std::string>()->required(), "UTF-8 text file to score")
       ("ctx", po::value<int>()->default_value(512), "window length N in tokens (the text needs >= 2N)")
-      ("max-windows", po::value<int>()->default_value(0), "score at most this many windows; 0 = all")
-      ("threads", po::value<int>()->default_value(0), "threads; 0 = all cores")
-      ("tokenizer,t", po::value<std::string>(), "tokenizer file to use instead of the model's own")
-      ("weight-dtype", po::value<std::string>()->default_value("keep"),
-       "convert weights on load: keep | f32 | f16 | bf16 | q8_0");
+      ("max-windows", po::value<int>()->default_value(0), "score at most this many windows; 0 = all");
+  add_model_options(desc);
   add_policy_options(desc);
   po::positional_options_description pos;
   po::variables_map vm;
@@ -94,11 +91,7 @@ int run_perplexity(const std::vector<std::string>& args) {
   const std::string text_path = vm["text"].as<std::string>();
   const std::string text = read_file(text_path);
 
-  LoadOptions lo;
-  lo.weight_dtype = vm["weight-dtype"].as<std::string>();
-  lo.require_tokenizer = true;
-  if (vm.count("tokenizer")) lo.tokenizer_path = vm["tokenizer"].as<std::string>();
-  const std::unique_ptr<Model> model = load_model(vm["model"].as<std::string>(), lo);
+  const std::unique_ptr<Model> model = load_model_from_options(vm);
   const ModelConfig& c = model->config;
   if (n_ctx > c.max_seq_len)
     fail("--ctx ", n_ctx, " is longer than the model's context of ", c.max_seq_len, " tokens");

@@ -1,0 +1,24 @@
+#include "framework/cli/model_options.h"
+
+#include <string>
+
+namespace kvlab::cli {
+
+void add_model_options(po::options_description& desc) {
+  desc.add_options()
+      ("model,m", po::value<std::string>()->required(), "*.gguf | Hugging Face directory | llama2.c *.bin")
+      ("threads", po::value<int>()->default_value(0), "threads; 0 = all cores")
+      ("tokenizer,t", po::value<std::string>(), "tokenizer file to use instead of the model's own")
+      ("weight-dtype", po::value<std::string>()->default_value("keep"),
+       "convert weights on load: keep | f32 | f16 | bf16 | q8_0");
+}
+
+std::unique_ptr<Model> load_model_from_options(const po::variables_map& vm) {
+  LoadOptions lo;
+  lo.weight_dtype = vm["weight-dtype"].as<std::string>();
+  lo.require_tokenizer = true;
+  if (vm.count("tokenizer")) lo.tokenizer_path = vm["tokenizer"].as<std::string>();
+  return load_model(vm["model"].as<std::string>(), lo);
+}
+
+}  // namespace kvlab::cli

@@ -1,0 +1,18 @@
+// The model options shared by the commands that run a model (generate, perplexity):
+// --model, --tokenizer, --weight-dtype, --threads; and loading the model they name.
+#pragma once
+
+#include <memory>
+
+#include "framework/cli/options.h"
+#include "framework/model/model.h"
+
+namespace kvlab::cli {
+
+void add_model_options(po::options_description& desc);
+
+// Loads --model (with --tokenizer / --weight-dtype); the model must carry or be given a
+// tokenizer. Throws kvlab::Error naming the file on bad input.
+std::unique_ptr<Model> load_model_from_options(const po::variables_map& vm);
+
+}  // namespace kvlab::cli
