@@ -96,19 +96,34 @@ size_t DeviceKvPool::layer_elems() const {
 }
 
 template <class T>
-PagedKvView<T> DeviceKvPool::layer(int layer, const DeviceBlockTable& table) {
+T* DeviceKvPool::layer_base(int layer, const char* who) {
   constexpr KvDType want = std::is_same_v<T, float>    ? KvDType::kF32
                            : std::is_same_v<T, __half> ? KvDType::kF16
                                                        : KvDType::kBF16;
   if (want != config_.dtype)
-    fail("DeviceKvPool::layer: the pool stores ", kv_dtype_name(config_.dtype), ", asked for ",
+    fail("DeviceKvPool::", who, ": the pool stores ", kv_dtype_name(config_.dtype), ", asked for ",
          kv_dtype_name(want));
-  if (layer < 0 || layer >= config_.n_layers) fail("DeviceKvPool::layer: no layer ", layer);
+  if (layer < 0 || layer >= config_.n_layers) fail("DeviceKvPool::", who, ": no layer ", layer);
+  return reinterpret_cast<T*>(data_.data()) + size_t(layer) * 2 * layer_elems();
+}
+
+template <class T>
+T* DeviceKvPool::k_data(int layer) {
+  return layer_base<T>(layer, "k_data");
+}
+
+template <class T>
+T* DeviceKvPool::v_data(int layer) {
+  return layer_base<T>(layer, "v_data") + layer_elems();
+}
+
+template <class T>
+PagedKvView<T> DeviceKvPool::layer(int layer, const DeviceBlockTable& table) {
+  T* base = layer_base<T>(layer, "layer");
   PagedKvView<T> v;
   v.page_size = config_.page_size;
   v.num_kv_heads = config_.num_kv_heads;
   v.head_dim = config_.head_dim;
-  T* base = reinterpret_cast<T*>(data_.data()) + size_t(layer) * 2 * layer_elems();
   v.k_data = base;
   v.v_data = base + layer_elems();
   v.indptr = table.indptr();
@@ -125,6 +140,12 @@ int32_t* DeviceKvPool::positions(int layer) {
 template PagedKvView<float> DeviceKvPool::layer<float>(int, const DeviceBlockTable&);
 template PagedKvView<__half> DeviceKvPool::layer<__half>(int, const DeviceBlockTable&);
 template PagedKvView<__nv_bfloat16> DeviceKvPool::layer<__nv_bfloat16>(int, const DeviceBlockTable&);
+template float* DeviceKvPool::k_data<float>(int);
+template __half* DeviceKvPool::k_data<__half>(int);
+template __nv_bfloat16* DeviceKvPool::k_data<__nv_bfloat16>(int);
+template float* DeviceKvPool::v_data<float>(int);
+template __half* DeviceKvPool::v_data<__half>(int);
+template __nv_bfloat16* DeviceKvPool::v_data<__nv_bfloat16>(int);
 
 namespace {
 
@@ -146,7 +167,44 @@ __global__ void append_kv_kernel(const PagedKvView<T> kv, int32_t* __restrict__ 
   if (threadIdx.x == 0 && kv_pos != nullptr) kv_pos[kv.slot_meta_offset(b, slot, head)] = position[token];
 }
 
+// Element idx of the packed source is (page i, element e) = (idx / page_elems, idx % page_elems).
+template <class Src, class Dst>
+__global__ void scatter_pages_kernel(const Src* __restrict__ src, const int32_t* __restrict__ page_ids,
+                                     size_t n, size_t page_elems, Dst* __restrict__ dst_base) {
+  for (size_t idx = blockIdx.x * size_t(blockDim.x) + threadIdx.x; idx < n;
+       idx += size_t(gridDim.x) * blockDim.x) {
+    const size_t i = idx / page_elems, e = idx % page_elems;
+    const int32_t page = page_ids[i];
+    if (page < 0) continue;
+    if constexpr (std::is_same_v<Src, Dst>)
+      dst_base[size_t(page) * page_elems + e] = src[idx];
+    else
+      dst_base[size_t(page) * page_elems + e] = from_float<Dst>(src[idx]);
+  }
+}
+
 }  // namespace
+
+template <class Src, class Dst>
+void scatter_pages(const Src* src, const int32_t* page_ids, int n_pages, size_t page_elems,
+                   Dst* dst_base, cudaStream_t stream) {
+  if (n_pages < 0) fail("scatter_pages: negative page count ", n_pages);
+  const size_t n = size_t(n_pages) * page_elems;
+  if (n == 0) return;
+  const size_t blocks = (n + 255) / 256;
+  const unsigned grid = static_cast<unsigned>(blocks < 65535 * 8 ? blocks : 65535 * 8);
+  scatter_pages_kernel<Src, Dst><<<grid, 256, 0, stream>>>(src, page_ids, n, page_elems, dst_base);
+  KVLAB_CUDA_CHECK_LAUNCH();
+}
+
+template void scatter_pages<float, float>(const float*, const int32_t*, int, size_t, float*,
+                                          cudaStream_t);
+template void scatter_pages<float, __half>(const float*, const int32_t*, int, size_t, __half*,
+                                           cudaStream_t);
+template void scatter_pages<float, __nv_bfloat16>(const float*, const int32_t*, int, size_t,
+                                                  __nv_bfloat16*, cudaStream_t);
+template void scatter_pages<int32_t, int32_t>(const int32_t*, const int32_t*, int, size_t,
+                                              int32_t*, cudaStream_t);
 
 template <class T>
 void append_kv(const PagedKvView<T>& kv, int32_t* kv_pos, const float* k, const float* v,

@@ -76,9 +76,17 @@ class DeviceKvPool {
   template <class T>
   PagedKvView<T> layer(int layer, const DeviceBlockTable& table);
   int32_t* positions(int layer);  // [num_pages, num_kv_heads, page_size]
+  // Base of one layer's K / V arena [num_pages, num_kv_heads, page_size, head_dim] (page p starts
+  // at p * num_kv_heads * page_size * head_dim); T checked against config().dtype like layer<T>().
+  template <class T>
+  T* k_data(int layer);
+  template <class T>
+  T* v_data(int layer);
 
  private:
   size_t layer_elems() const;  // K or V elements of one layer
+  template <class T>
+  T* layer_base(int layer, const char* who);  // the layer's K arena; V follows it
   DeviceKvConfig config_;
   DeviceBuffer<unsigned char> data_;  // [n_layers][K, V][num_pages, H, page_size, D]
   DeviceBuffer<int32_t> positions_;   // [n_layers][num_pages, H, page_size]
@@ -87,6 +95,18 @@ class DeviceKvPool {
 // Writes n_tokens new tokens into their slots: token i belongs to request batch_idx[i] of the
 // view's block table and goes to slot slot_idx[i] (its page must already be in the table) with
 // text position position[i]. k, v: [n_tokens, num_kv_heads, head_dim] fp32 (rounded to T).
+// Copies whole pages into a pool arena: for i < n_pages and e < page_elems,
+//   dst_base[page_ids[i] * page_elems + e] = Dst(src[i * page_elems + e])
+// (src [n_pages, page_elems] packed, dst_base [num_pages, page_elems]; float -> float / __half /
+// __nv_bfloat16 rounds to nearest even, int32_t -> int32_t copies). Uploads host-staged KV pages
+// (fp32, page_elems = num_kv_heads * page_size * head_dim) into k_data<T>(layer) / v_data<T>(layer),
+// and their slot positions (-1 = hole, page_elems = num_kv_heads * page_size) into positions(layer).
+// page_ids [n_pages] must be distinct pages of the arena (the host's page table checks them; the
+// device cannot); a negative id skips its page. src, page_ids, dst_base are device pointers.
+template <class Src, class Dst>
+void scatter_pages(const Src* src, const int32_t* page_ids, int n_pages, size_t page_elems,
+                   Dst* dst_base, cudaStream_t stream = nullptr);
+
 template <class T>
 void append_kv(const PagedKvView<T>& kv, int32_t* kv_pos, const float* k, const float* v,
                const int32_t* batch_idx, const int32_t* slot_idx, const int32_t* position,

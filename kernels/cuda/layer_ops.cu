@@ -41,6 +41,7 @@ __global__ void rope_kernel(float* __restrict__ x, const int32_t* __restrict__ p
                             const double* __restrict__ inv_freq, int n_heads, int head_dim,
                             RopePairs pairs) {
   const int token = blockIdx.x;
+  if (pos[token] < 0) return;  // the header's contract: the row stays as it is
   const int half = head_dim / 2;
   const double p = static_cast<double>(pos[token]);
   for (int e = threadIdx.x; e < n_heads * half; e += blockDim.x) {
@@ -84,10 +85,31 @@ __global__ void add_kernel(float* __restrict__ x, const float* __restrict__ y, i
     x[i] += y[i];
 }
 
-__global__ void to_bf16_kernel(const float* __restrict__ x, int64_t n, __nv_bfloat16* __restrict__ out) {
+template <class OutT>
+__global__ void convert_kernel(const float* __restrict__ x, int64_t n, OutT* __restrict__ out) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x)
-    out[i] = __float2bfloat16_rn(x[i]);
+    out[i] = from_float<OutT>(x[i]);  // __float2half_rn / __float2bfloat16_rn: nearest, ties even
+}
+
+// Element i of y [n_rows, cols] is (r, c) = (i / cols, i % cols).
+__global__ void add_bias_kernel(float* __restrict__ y, const float* __restrict__ bias,
+                                int64_t n, int cols) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    y[i] += bias[i % cols];
+}
+
+// One thread per column j (grid-stride); it walks the rows in order, so the fp32 sum is the
+// same as the CPU's loop (x[0][j] + x[1][j]) + x[2][j] + ...
+__global__ void sum_rows_kernel(const float* __restrict__ x, int n_rows, int64_t row_elems,
+                                float* __restrict__ out) {
+  for (int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; j < row_elems;
+       j += int64_t(gridDim.x) * blockDim.x) {
+    float acc = 0.f;
+    for (int r = 0; r < n_rows; ++r) acc += x[r * row_elems + j];
+    out[j] = acc;
+  }
 }
 
 }  // namespace
@@ -139,8 +161,32 @@ void add_inplace(float* x, const float* y, int64_t n, cudaStream_t stream) {
 }
 
 void to_bf16(const float* x, int64_t n, __nv_bfloat16* out, cudaStream_t stream) {
+  convert<__nv_bfloat16>(x, n, out, stream);
+}
+
+void add_bias(float* y, const float* bias, int n_rows, int cols, cudaStream_t stream) {
+  if (n_rows < 0 || cols < 0) fail("add_bias: negative shape [", n_rows, ", ", cols, "]");
+  const int64_t n = int64_t(n_rows) * cols;
+  if (n == 0) return;
+  add_bias_kernel<<<elementwise_blocks(n), 256, 0, stream>>>(y, bias, n, cols);
+  KVLAB_CUDA_CHECK_LAUNCH();
+}
+
+template <class OutT>
+void convert(const float* x, int64_t n, OutT* out, cudaStream_t stream) {
   if (n <= 0) return;
-  to_bf16_kernel<<<elementwise_blocks(n), 256, 0, stream>>>(x, n, out);
+  convert_kernel<OutT><<<elementwise_blocks(n), 256, 0, stream>>>(x, n, out);
+  KVLAB_CUDA_CHECK_LAUNCH();
+}
+template void convert<float>(const float*, int64_t, float*, cudaStream_t);
+template void convert<__half>(const float*, int64_t, __half*, cudaStream_t);
+template void convert<__nv_bfloat16>(const float*, int64_t, __nv_bfloat16*, cudaStream_t);
+
+void sum_rows(const float* x, int n_rows, int64_t row_elems, float* out, cudaStream_t stream) {
+  if (n_rows < 0 || row_elems < 0)
+    fail("sum_rows: negative shape [", n_rows, ", ", row_elems, "]");
+  if (row_elems == 0) return;
+  sum_rows_kernel<<<elementwise_blocks(row_elems), 256, 0, stream>>>(x, n_rows, row_elems, out);
   KVLAB_CUDA_CHECK_LAUNCH();
 }
 

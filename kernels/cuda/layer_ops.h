@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -22,7 +23,9 @@ void rms_norm(const float* x, const float* w, float eps, int n_tokens, int dim, 
 // Pairs: interleaved (2i, 2i + 1) (GGUF llama, llama2.c) or neox (i, i + head_dim / 2) (HF).
 // inv_freq [head_dim / 2] (double) carries theta and any scaling (rope_table.h's rope_inv_freq,
 // or kernels/cpu's for scaled configs); angles in double and cos/sin rounded to float, as on
-// the CPU, so both paths rotate identically.
+// the CPU, so both paths rotate identically. A negative pos[t] leaves token t's row unchanged
+// (no rotation at all, not a rotation by a negative angle): padding rows or tokens whose
+// position the host has not assigned pass through untouched.
 enum class RopePairs { kInterleaved, kNeox };
 void rope(float* x, const int32_t* pos, const double* inv_freq, int n_tokens, int n_heads,
           int head_dim, RopePairs pairs, cudaStream_t stream = nullptr);
@@ -40,7 +43,23 @@ void embedding_gather(const T* table, int vocab, int dim, const int32_t* tokens,
 // x[i] += y[i] (the residual connection), n elements.
 void add_inplace(float* x, const float* y, int64_t n, cudaStream_t stream = nullptr);
 
-// out[i] = bf16(x[i]), n elements (activations into a bf16 GEMM).
+// out[i] = bf16(x[i]), n elements (activations into a bf16 GEMM). Same as convert<__nv_bfloat16>.
 void to_bf16(const float* x, int64_t n, __nv_bfloat16* out, cudaStream_t stream = nullptr);
+
+// y[r, c] += bias[c]   (y [n_rows, cols] fp32, bias [cols]): the bias of a linear layer (models with
+// q/k/v biases), added after the GEMM.
+void add_bias(float* y, const float* bias, int n_rows, int cols, cudaStream_t stream = nullptr);
+
+// out[i] = OutT(x[i]), n elements; OutT = float (a copy), __half or __nv_bfloat16, rounded to
+// nearest, ties to even (overflow to +-inf in fp16; NaN stays NaN).
+template <class OutT>
+void convert(const float* x, int64_t n, OutT* out, cudaStream_t stream = nullptr);
+
+// out[j] = sum_{r = 0}^{n_rows - 1} x[r * row_elems + j]   (x [n_rows, row_elems], out [row_elems])
+// in fp32, the rows added one after another in order r = 0, 1, ... (so the result equals a plain
+// CPU loop bit for bit; e.g. summing per-split partial results, or H2O key mass over heads).
+// n_rows = 0 gives zeros.
+void sum_rows(const float* x, int n_rows, int64_t row_elems, float* out,
+              cudaStream_t stream = nullptr);
 
 }  // namespace kvlab::cuda
