@@ -16,6 +16,7 @@ struct KvStore::LayerCache {
   std::vector<uint8_t> valid;      // [n_slots, n_kv_heads]
   std::vector<int64_t> live;       // [n_kv_heads] live slots per head
   int64_t version = 0;
+  int64_t data_version = 0;  // rows moved or a block replaced by a copy (data_version())
   bool rescan_blocks = false;      // holes were made under pending slots: check every block
   int32_t indptr[2] = {0, 0};      // view fields, refreshed after every change
   int32_t last_page_len = 0;
@@ -210,6 +211,7 @@ AllocStatus KvStore::reserve(SeqId seq, int n_new) {
       const int32_t fresh = pool_.allocate();
       KVLAB_CHECK(fresh >= 0);
       copy_block(fresh, old);
+      ++lc.data_version;
       pool_.release(old);
       lc.blocks[b] = fresh;
     }
@@ -413,6 +415,7 @@ void KvStore::maybe_compact(LayerCache& lc) {
   lc.valid = std::move(new_valid);
   lc.n_slots = new_n;
   ++lc.version;
+  ++lc.data_version;
 }
 
 void KvStore::trim_trailing_blocks(LayerCache& lc) {
@@ -482,5 +485,7 @@ int64_t KvStore::sequence_blocks(SeqId seq) const {
 }
 
 int64_t KvStore::layout_version(SeqId seq, int layer) const { return layer_at(seq, layer).version; }
+
+int64_t KvStore::data_version(SeqId seq, int layer) const { return layer_at(seq, layer).data_version; }
 
 }  // namespace kvlab

@@ -110,6 +110,12 @@ class KvStore {
   // Incremented whenever slots of this (sequence, layer) are renumbered (block removal or
   // compaction); slot indices from before are then stale.
   int64_t layout_version(SeqId seq, int layer) const;
+  // Incremented whenever rows of this (sequence, layer) move to other blocks or a block of its
+  // table is replaced by a copy (compaction, copy-on-write). Otherwise every block of the table
+  // keeps its contents (appends only add rows; removing an emptied block only shortens the
+  // table), which is what lets a mirror of the blocks (the device KV pool) stay in sync by
+  // appending rows and re-reading metadata.
+  int64_t data_version(SeqId seq, int layer) const;
 
  private:
   struct LayerCache;
