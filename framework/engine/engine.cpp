@@ -6,11 +6,15 @@
 #include <unordered_set>
 
 #include "framework/core/error.h"
+#include "framework/engine/device_forward.h"
+#include "framework/engine/engine_internal.h"
 #include "framework/engine/linear.h"
 #include "framework/engine/ops.h"
 #include "kernels/cpu/attention.h"
 
 namespace kvlab {
+
+using engine_detail::ProbeShadow;
 
 const char* step_status_name(StepStatus status) {
   switch (status) {
@@ -71,6 +75,16 @@ constexpr int64_t kMaxRopeTablePositions = 32768;
 
 }  // namespace
 
+std::vector<double> model_rope_inv_freq(const ModelConfig& c) {
+  std::vector<double> inv_freq = rope_inv_freq(rope_config(c));
+  if (!c.rope_freq_factors.empty()) {
+    if (static_cast<int>(c.rope_freq_factors.size()) != c.head_dim / 2)
+      fail("model: ", c.rope_freq_factors.size(), " RoPE frequency factors, expected head_dim/2 = ", c.head_dim / 2);
+    for (size_t i = 0; i < inv_freq.size(); ++i) inv_freq[i] /= c.rope_freq_factors[i];
+  }
+  return inv_freq;
+}
+
 // RoPE at insertion: the kernels' inverse frequencies (rope_inv_freq: none / linear / llama3),
 // divided by the model's per-pair factors when it has them (GGUF rope_freqs.weight, which the
 // kernels' RopeTable does not take); angle = pos * inv_freq in double, cos/sin stored as float
@@ -79,12 +93,7 @@ class Engine::Rope {
  public:
   Rope(const ModelConfig& c, int64_t n_positions)
       : layout_(c.rope_style == RopeStyle::kNeox ? RopeLayout::kNeox : RopeLayout::kInterleaved),
-        head_dim_(c.head_dim), inv_freq_(rope_inv_freq(rope_config(c))), n_positions_(n_positions) {
-    if (!c.rope_freq_factors.empty()) {
-      if (static_cast<int>(c.rope_freq_factors.size()) != c.head_dim / 2)
-        fail("model: ", c.rope_freq_factors.size(), " RoPE frequency factors, expected head_dim/2 = ", c.head_dim / 2);
-      for (size_t i = 0; i < inv_freq_.size(); ++i) inv_freq_[i] /= c.rope_freq_factors[i];
-    }
+        head_dim_(c.head_dim), inv_freq_(model_rope_inv_freq(c)), n_positions_(n_positions) {
     const int half = head_dim_ / 2;
     cos_.resize(static_cast<size_t>(n_positions_) * half);
     sin_.resize(cos_.size());
@@ -122,46 +131,11 @@ class Engine::Rope {
   std::vector<float> cos_, sin_;
 };
 
-// Dense attention of one probed layer over every token the sequence has seen (evicted ones
-// included): rows kept here only when probing.
-struct ProbeShadow {
-  std::vector<float> k, v;         // [n_seen, n_kv_heads, head_dim] keys as stored, values
-  std::vector<int64_t> positions;  // [n_seen]
-};
-
-struct Engine::Sequence {
-  SeqId id = -1;
-  std::unique_ptr<AttentionPolicy> policy;
-  PolicyNeeds needs;
-  int64_t n_tokens = 0;
-  int64_t decode_steps = 0;
-  double set_sum = 0, achieved_sum = 0, set_last = 0, achieved_last = 0;
-  double step_set = 0, step_achieved = 0;  // accumulated over the layers of the current step
-  int64_t blocks_current = 0, blocks_peak = 0;
-  // probe
-  std::vector<ProbeShadow> shadow;  // [n_layers] (only probed layers filled)
-  bool probing_step = false;
-  int64_t probe_samples = 0;
-  double recall_sum = 0, recall_min = 1, err_sum = 0, err_max = 0;
-  std::vector<LayerProbeStats> layer_probe;  // [n_layers] (only probed layers counted)
-};
-
-struct Engine::Group {
-  Sequence* seq = nullptr;
-  int row0 = 0, n_rows = 0;
-  bool decode = false;
-  std::vector<int64_t> positions;  // [n_rows] text positions
-};
-
 struct Engine::Scratch {
   std::vector<float> x, h, q, k, v, att, tmp, gate, up;
   LinearScratch linear;
-  KeySelection selection;
   Evictions evictions;
-  std::vector<float> key_mass;
-  std::vector<int32_t> key_rope_pos;
   std::vector<int64_t> resident_before;  // [n_kv_heads]
-  std::vector<float> q_probe;            // [n_heads, head_dim] query at its text position (probe)
   void ensure(int rows, const ModelConfig& c) {
     const size_t r = static_cast<size_t>(rows);
     const size_t qd = static_cast<size_t>(c.n_heads) * c.head_dim;
@@ -210,6 +184,11 @@ Engine::Engine(const Model& model, const EngineOptions& opts)
   // rope-at-read (attention kernels) for policies with rope_at_cache_position; the kernels'
   // table cannot take per-pair frequency factors, so such models refuse those policies
   if (c.rope_freq_factors.empty()) cache_rope_ = RopeTable(rope_config(c), table_positions);
+  if (opts_.device == "cuda") {
+    device_ = DeviceForward::create(*this);
+  } else if (opts_.device != "cpu") {
+    fail("engine: device must be cpu or cuda, got '", opts_.device, "'");
+  }
 }
 
 Engine::~Engine() = default;
@@ -244,12 +223,15 @@ SeqId Engine::start_sequence(std::unique_ptr<AttentionPolicy> policy) {
 
 void Engine::end_sequence(SeqId seq) {
   seq_at(seq);
+  if (device_) device_->end_sequence(seq);
   store_->free_sequence(seq);
   seqs_.erase(seq);
 }
 
 SeqId Engine::fork(SeqId seq, std::unique_ptr<AttentionPolicy> child_policy) {
   const Sequence& parent = seq_at(seq);
+  // The device mirrors pages per block id; a shared block would need per-sequence metadata.
+  if (device_) fail("engine: fork is not supported with device cuda yet (use device cpu)");
   if (parent.policy && !child_policy)
     fail("engine: fork of sequence ", seq, " which has an attention policy needs a fresh policy "
          "for the child (policy state cannot be copied)");
@@ -320,10 +302,6 @@ StepStatus Engine::prefill(SeqId seq, std::span<const int32_t> tokens, std::vect
   for (int64_t start = 0; start < n_total; start += opts_.prefill_chunk_tokens) {
     const int n = static_cast<int>(std::min<int64_t>(opts_.prefill_chunk_tokens, n_total - start));
     if (store_->reserve(seq, n) != AllocStatus::kOk) return StepStatus::kOutOfBlocks;
-    scratch_->ensure(n, c);
-    for (int r = 0; r < n; ++r)
-      to_float(model_.tok_embeddings.dtype, model_.tok_embeddings.row(tokens[start + r]),
-               scratch_->x.data() + static_cast<size_t>(r) * c.dim, c.dim);
     Group g;
     g.seq = &s;
     g.row0 = 0;
@@ -339,7 +317,7 @@ StepStatus Engine::prefill(SeqId seq, std::span<const int32_t> tokens, std::vect
       logit_rows.push_back(n - 1);
       out = logits.data();
     }
-    forward(std::span<Group>(&g, 1), n, logit_rows, out);
+    forward(std::span<Group>(&g, 1), tokens.subspan(start, n), logit_rows, out);
     s.n_tokens += n;
     record_kv_usage(s);
   }
@@ -367,13 +345,10 @@ StepStatus Engine::decode(std::span<const SeqId> seqs, std::span<const int32_t> 
     if (store_->reserve(id, 1) != AllocStatus::kOk) return StepStatus::kOutOfBlocks;
 
   const int n = static_cast<int>(seqs.size());
-  scratch_->ensure(n, c);
   std::vector<Group> groups(n);
   std::vector<int> logit_rows(n);
   for (int i = 0; i < n; ++i) {
     Sequence& s = seq_at(seqs[i]);
-    to_float(model_.tok_embeddings.dtype, model_.tok_embeddings.row(tokens[i]),
-             scratch_->x.data() + static_cast<size_t>(i) * c.dim, c.dim);
     groups[i].seq = &s;
     groups[i].row0 = i;
     groups[i].n_rows = 1;
@@ -384,7 +359,7 @@ StepStatus Engine::decode(std::span<const SeqId> seqs, std::span<const int32_t> 
     s.probing_step = opts_.probe && s.decode_steps % std::max(1, opts_.probe_every) == 0;
   }
   logits.resize(static_cast<size_t>(n) * c.vocab_size);
-  forward(groups, n, logit_rows, logits.data());
+  forward(groups, tokens, logit_rows, logits.data());
   for (Group& g : groups) {
     Sequence& s = *g.seq;
     s.n_tokens += 1;
@@ -399,12 +374,21 @@ StepStatus Engine::decode(std::span<const SeqId> seqs, std::span<const int32_t> 
   return StepStatus::kOk;
 }
 
-void Engine::forward(std::span<Group> groups, int n_rows, std::span<const int> logit_rows,
-                     float* logits) {
+void Engine::forward(std::span<Group> groups, std::span<const int32_t> tokens,
+                     std::span<const int> logit_rows, float* logits) {
+  if (device_) {
+    device_->forward(groups, tokens, logit_rows, logits);
+    return;
+  }
   const ModelConfig& c = config();
+  const int n_rows = static_cast<int>(tokens.size());
   Scratch& sc = *scratch_;
+  sc.ensure(n_rows, c);
+  for (int r = 0; r < n_rows; ++r)
+    to_float(model_.tok_embeddings.dtype, model_.tok_embeddings.row(tokens[r]),
+             sc.x.data() + static_cast<size_t>(r) * c.dim, c.dim);
   const int dim = c.dim, hd = c.head_dim;
-  const int qd = c.n_heads * hd;
+  const int qd = c.n_heads * hd, kvd = c.n_kv_heads * hd;
   float* x = sc.x.data();
   float* h = sc.h.data();
   for (int l = 0; l < c.n_layers; ++l) {
@@ -416,8 +400,12 @@ void Engine::forward(std::span<Group> groups, int n_rows, std::span<const int> l
             {as_matrix(w.wk), sc.k.data(), w.bk.empty() ? nullptr : w.bk.data()},
             {as_matrix(w.wv), sc.v.data(), w.bv.empty() ? nullptr : w.bv.data()}},
            sc.linear);
-    for (Group& g : groups) attend(g, l, sc.q.data() + static_cast<size_t>(g.row0) * qd,
-                                   sc.att.data() + static_cast<size_t>(g.row0) * qd);
+    for (Group& g : groups) {
+      const size_t qo = static_cast<size_t>(g.row0) * qd, kvo = static_cast<size_t>(g.row0) * kvd;
+      begin_attention(g, l, sc.q.data() + qo, sc.k.data() + kvo, sc.v.data() + kvo, false);
+      cpu_attention(g, l, sc.q.data() + qo, sc.att.data() + qo);
+      end_attention(g, l, sc.att.data() + qo);
+    }
     linear(pool_, sc.att.data(), n_rows, {{as_matrix(w.wo), sc.tmp.data(), nullptr}}, sc.linear);
     add_inplace(x, sc.tmp.data(), static_cast<int64_t>(n_rows) * dim);
     // feed-forward block, kFfnRows rows at a time (bounds the [rows, hidden] buffers)
@@ -441,25 +429,24 @@ void Engine::forward(std::span<Group> groups, int n_rows, std::span<const int> l
   linear(pool_, h, n_out, {{as_matrix(model_.lm_head), logits, nullptr}}, sc.linear);
 }
 
-// RoPE, KV append, policy selection, attention, policy observation and eviction for the rows of
-// one sequence in one layer. q_rot: [n_rows, n_heads, hd] (rotated here), out likewise.
-void Engine::attend(Group& g, int layer, float* q_rot, float* out) {
+// Phase 1 of one sequence's attention in one layer (engine.h). q: [n_rows, n_heads, hd] and
+// k, v: [n_rows, n_kv_heads, hd], the projections of the group's rows.
+void Engine::begin_attention(Group& g, int layer, float* q, float* k, const float* v,
+                             bool text_rope_done) {
   const ModelConfig& c = config();
   Scratch& sc = *scratch_;
   Sequence& s = *g.seq;
   const int hd = c.head_dim, nh = c.n_heads, nkv = c.n_kv_heads, group = nh / nkv;
   const int qd = nh * hd, kvd = nkv * hd;
   const bool cache_pos = s.needs.rope_at_cache_position;
-  float* k = sc.k.data() + static_cast<size_t>(g.row0) * kvd;
-  float* v = sc.v.data() + static_cast<size_t>(g.row0) * kvd;
 
-  const bool probe_layer_here =
+  g.probe_layer =
       !s.shadow.empty() &&
       std::find(opts_.probe_layers.begin(), opts_.probe_layers.end(), layer) != opts_.probe_layers.end();
-  const bool probing = s.probing_step && probe_layer_here;
-  if (probing) {  // the dense reference uses original positions: rotate a copy at the text position
-    sc.q_probe.assign(q_rot, q_rot + qd);
-    rope_->apply(sc.q_probe.data(), nh, g.positions[0]);
+  g.probing = s.probing_step && g.probe_layer;
+  if (g.probing) {  // the dense reference uses original positions: the query at its text position
+    g.q_probe.assign(q, q + qd);
+    if (cache_pos || !text_rope_done) rope_->apply(g.q_probe.data(), nh, g.positions[0]);
   }
   if (cache_pos) {
     // query of row r, head h: rotated to (live tokens of its KV head before this call) + r
@@ -467,62 +454,80 @@ void Engine::attend(Group& g, int layer, float* q_rot, float* out) {
     for (int kh = 0; kh < nkv; ++kh) sc.resident_before[kh] = store_->resident_tokens(s.id, layer, kh);
     for (int r = 0; r < g.n_rows; ++r)
       for (int hq = 0; hq < nh; ++hq)
-        cache_rope_.rotate(q_rot + static_cast<size_t>(r) * qd + hq * hd, sc.resident_before[hq / group] + r);
-  } else {
+        cache_rope_.rotate(q + static_cast<size_t>(r) * qd + hq * hd, sc.resident_before[hq / group] + r);
+  } else if (!text_rope_done) {
     for (int r = 0; r < g.n_rows; ++r) {
-      rope_->apply(q_rot + static_cast<size_t>(r) * qd, nh, g.positions[r]);
+      rope_->apply(q + static_cast<size_t>(r) * qd, nh, g.positions[r]);
       rope_->apply(k + static_cast<size_t>(r) * kvd, nkv, g.positions[r]);
     }
   }
   for (int r = 0; r < g.n_rows; ++r)
     store_->append(s.id, layer, g.positions[r], k + static_cast<size_t>(r) * kvd, v + static_cast<size_t>(r) * kvd);
-  if (probe_layer_here) {
+  if (g.probe_layer) {
     ProbeShadow& sh = s.shadow[layer];
     sh.k.insert(sh.k.end(), k, k + static_cast<size_t>(g.n_rows) * kvd);
     sh.v.insert(sh.v.end(), v, v + static_cast<size_t>(g.n_rows) * kvd);
     sh.positions.insert(sh.positions.end(), g.positions.begin(), g.positions.end());
   }
 
-  LayerStep step;
+  LayerStep& step = g.step;
   step.layer = layer;
   step.is_prefill = g.n_rows > 1;
   step.n_new = g.n_rows;
   step.positions = g.positions;
-  step.queries = std::span<const float>(q_rot, static_cast<size_t>(g.n_rows) * qd);
+  step.queries = std::span<const float>(q, static_cast<size_t>(g.n_rows) * qd);
   step.cache = &store_->cache_view(s.id, layer);
   step.shape = policy_shape(c);
-  KeySelection& sel = sc.selection;
-  sel.select_all();
-  if (s.policy) s.policy->select(step, sel);
+  g.selection.select_all();
+  if (s.policy) s.policy->select(step, g.selection);
 
   const LayerKv kv = store_->layer(s.id, layer);
+  if (cache_pos) {
+    g.key_rope_pos.resize(static_cast<size_t>(kv.n_slots) * nkv);
+    cache_rank_positions(kv, g.key_rope_pos.data());
+  }
+  if (s.needs.key_attention_mass) g.key_mass.assign(static_cast<size_t>(nkv) * kv.n_slots, 0.f);
+}
+
+// Phase 2 on the CPU: attention of the group's rows over its selection.
+void Engine::cpu_attention(Group& g, int layer, const float* q, float* out) {
+  const ModelConfig& c = config();
+  const Sequence& s = *g.seq;
+  const int hd = c.head_dim, nkv = c.n_kv_heads;
+  const LayerKv kv = store_->layer(s.id, layer);
   AttentionArgs a;
-  a.q = q_rot;
+  a.q = q;
   a.n_rows = g.n_rows;
-  a.n_heads = nh;
+  a.n_heads = c.n_heads;
   a.n_kv_heads = nkv;
   a.head_dim = hd;
   a.q_positions = g.positions.data();
   a.kv = kv;
-  a.selection = sel.all ? nullptr : &sel;
+  a.selection = g.selection.all ? nullptr : &g.selection;
   a.scale = 1.f / std::sqrt(static_cast<float>(hd));
-  if (cache_pos) {
-    sc.key_rope_pos.resize(static_cast<size_t>(kv.n_slots) * nkv);
-    cache_rank_positions(kv, sc.key_rope_pos.data());
-    a.key_rope_pos = sc.key_rope_pos.data();
+  if (s.needs.rope_at_cache_position) {
+    a.key_rope_pos = g.key_rope_pos.data();
     a.rope = &cache_rope_;
   }
-  if (s.needs.key_attention_mass) {
-    sc.key_mass.assign(static_cast<size_t>(nkv) * kv.n_slots, 0.f);
-    a.key_mass = sc.key_mass.data();
-  }
+  if (s.needs.key_attention_mass) a.key_mass = g.key_mass.data();
   a.out = out;
   // The attention kernels thread with OpenMP (its own team, outside our pool's jobs). Short
   // attention (decode at short contexts, tiny models) stays on this thread: a fork-join costs
   // more than it saves there, and far more when the cores are shared.
-  const size_t kv_bytes_read = size_t{2} * kv.n_slots * kvd * sizeof(float) * static_cast<size_t>(g.n_rows);
+  const size_t kv_bytes_read =
+      size_t{2} * kv.n_slots * nkv * hd * sizeof(float) * static_cast<size_t>(g.n_rows);
   attention(a, kv_bytes_read < kAttentionParallelBytes ? 1 : pool_.size());
+}
 
+// Phase 3: what the attention read (decode), probes, the policy's observation and evictions.
+// out: [n_rows, n_heads, hd] the attention output of the group's rows.
+bool Engine::end_attention(Group& g, int layer, const float* out) {
+  const ModelConfig& c = config();
+  Scratch& sc = *scratch_;
+  Sequence& s = *g.seq;
+  const int nkv = c.n_kv_heads;
+  const KeySelection& sel = g.selection;
+  const LayerKv kv = store_->layer(s.id, layer);
   if (g.decode) {
     // keys read per KV head (= per query head, averaged) vs the budget
     const int64_t qpos = g.positions[0];
@@ -544,16 +549,20 @@ void Engine::attend(Group& g, int layer, float* q_rot, float* out) {
     s.step_achieved += achieved / nkv;
     s.step_set += budget < 0 ? static_cast<double>(n_seen) : static_cast<double>(std::min(budget, n_seen));
   }
-  if (probing) probe_layer(g, layer, sc.q_probe.data(), sel, out);
+  if (g.probing) probe_layer(g, layer, g.q_probe.data(), sel, out);
 
   if (s.policy) {
     StepStats stats;
     stats.n_slots = kv.n_slots;
-    if (s.needs.key_attention_mass) stats.key_mass = sc.key_mass;
+    if (s.needs.key_attention_mass) stats.key_mass = g.key_mass;
     sc.evictions.clear(nkv);
-    s.policy->after_attention(step, stats, sc.evictions);
-    if (!sc.evictions.empty()) store_->evict(s.id, layer, sc.evictions);
+    s.policy->after_attention(g.step, stats, sc.evictions);
+    if (!sc.evictions.empty()) {
+      store_->evict(s.id, layer, sc.evictions);
+      return true;
+    }
   }
+  return false;
 }
 
 // Dense attention over the shadow copy of every token seen (decode rows only), compared with

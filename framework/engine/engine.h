@@ -29,6 +29,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -39,6 +40,12 @@
 #include "kernels/cpu/rope.h"
 
 namespace kvlab {
+
+namespace engine_detail {
+struct Sequence;  // engine_internal.h
+struct Group;
+}  // namespace engine_detail
+class DeviceForward;
 
 enum class StepStatus { kOk, kOutOfBlocks, kContextFull };
 const char* step_status_name(StepStatus status);  // "ok" | "out_of_blocks" | "context_full"
@@ -55,6 +62,13 @@ struct EngineOptions {
   bool probe = false;            // attention recall / output error probes (below)
   int probe_every = 16;          // probe every N-th decode step of a sequence
   std::vector<int> probe_layers; // layers probed; empty = first, middle and last
+  // Where the dense layers and attention run: "cpu" (the reference) or "cuda" (the GPU, through
+  // framework/engine/device_forward.h; needs a kvlab built with CUDA and a GPU, else Error).
+  // Sequences, policies and the paged store's bookkeeping stay on the host either way.
+  std::string device = "cpu";
+  // cuda only: "bf16" (weights, KV pages and GEMM inputs in bf16, fp32 accumulation: the fast
+  // path) or "f32" (fp32 throughout: agrees with the CPU path to float tolerance).
+  std::string device_dtype = "bf16";
 };
 
 // Per-sequence counters. "Attended" counts, for one decode step, the keys one query head read,
@@ -125,18 +139,30 @@ class Engine {
   SequenceStats sequence_stats(SeqId seq) const;
 
  private:
-  struct Sequence;
-  struct Group;  // rows of one forward call that belong to one sequence
+  using Sequence = engine_detail::Sequence;
+  using Group = engine_detail::Group;  // rows of one forward call that belong to one sequence
   struct Scratch;
   class Rope;
+  friend class DeviceForward;  // the CUDA forward pass reuses the host phases below
 
   Sequence& seq_at(SeqId seq);
   const Sequence& seq_at(SeqId seq) const;
-  // The shared forward pass: rows [n_rows] of x grouped by sequence; writes logits of the
-  // rows listed in `logit_rows` into logits [logit_rows.size(), vocab].
-  void forward(std::span<Group> groups, int n_rows, std::span<const int> logit_rows,
-               float* logits);
-  void attend(Group& g, int layer, float* q_rot, float* out);
+  // The shared forward pass: one row per token (tokens [n_rows]) grouped by sequence; writes
+  // logits of the rows listed in `logit_rows` into logits [logit_rows.size(), vocab]. Runs on
+  // the CPU, or on the GPU through device_ when opts.device is "cuda".
+  void forward(std::span<Group> groups, std::span<const int32_t> tokens,
+               std::span<const int> logit_rows, float* logits);
+  // One sequence's attention in one layer, in three phases (a backend runs the middle one for
+  // all sequences of the call at once):
+  //  begin: RoPE (q and k at their text positions unless `text_rope_done`; q at its cache rank
+  //         for rope_at_cache_position policies, always here), append k, v to the store, the
+  //         policy's selection (into g.selection), the rope-at-read ranks and a zeroed key mass;
+  //  cpu_attention: the CPU kernels over the selection (q: [n_rows, n_heads, head_dim]);
+  //  end:   statistics, probes, policy.after_attention and evictions (out: the attention
+  //         output); true when something was evicted.
+  void begin_attention(Group& g, int layer, float* q, float* k, const float* v, bool text_rope_done);
+  void cpu_attention(Group& g, int layer, const float* q, float* out);
+  bool end_attention(Group& g, int layer, const float* out);
   // q: [n_heads, head_dim] the decode query rotated at its text position.
   void probe_layer(Group& g, int layer, const float* q, const KeySelection& sel,
                    const float* policy_out);
@@ -150,6 +176,7 @@ class Engine {
   RopeTable cache_rope_;        // rope-at-read for rope_at_cache_position policies
   std::unordered_map<SeqId, std::unique_ptr<Sequence>> seqs_;
   std::unique_ptr<Scratch> scratch_;
+  std::unique_ptr<DeviceForward> device_;  // set when opts.device == "cuda"
 };
 
 }  // namespace kvlab
