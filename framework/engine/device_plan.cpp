@@ -1,0 +1,119 @@
+#include "framework/engine/device_plan.h"
+
+#include <algorithm>
+#include <limits>
+
+#include "framework/core/error.h"
+
+namespace kvlab {
+namespace {
+
+int pages_in_use(const LayerKv& kv) {
+  return (kv.n_slots + kv.view.page_size - 1) / kv.view.page_size;
+}
+
+int32_t block_of(const LayerKv& kv, int page) { return kv.view.indices[kv.view.indptr[0] + page]; }
+
+}  // namespace
+
+void BlockTableArrays::clear() {
+  indptr.assign(1, 0);
+  indices.clear();
+  last_page_len.clear();
+}
+
+void BlockTableArrays::add(const LayerKv& kv, int repeat) {
+  const int pages = pages_in_use(kv);
+  const int last = pages == 0 ? 0 : kv.n_slots - (pages - 1) * kv.view.page_size;
+  for (int i = 0; i < repeat; ++i) {
+    for (int p = 0; p < pages; ++p) indices.push_back(block_of(kv, p));
+    indptr.push_back(static_cast<int32_t>(indices.size()));
+    last_page_len.push_back(last);
+  }
+}
+
+void SelectionArrays::clear() {
+  indptr.assign(1, 0);
+  ranges.clear();
+  list_slots.clear();
+}
+
+void SelectionArrays::add_row(const KeySelection& sel, int row, int n_kv_heads, int n_slots) {
+  for (int h = 0; h < n_kv_heads; ++h) {
+    if (sel.all) {
+      if (n_slots > 0) ranges.push_back({0, n_slots});
+    } else {
+      for (const SlotRange& r : sel.list(row, h)) ranges.push_back({r.begin, r.end});
+    }
+    indptr.push_back(static_cast<int32_t>(ranges.size()));
+    list_slots.push_back(n_slots);
+  }
+}
+
+int SelectionArrays::max_count() const {
+  int best = 0;
+  for (int l = 0; l < n_lists(); ++l) {
+    int n = 0;
+    for (int32_t r = indptr[l]; r < indptr[l + 1]; ++r) n += ranges[r].end - ranges[r].begin;
+    best = std::max(best, n);
+  }
+  return best;
+}
+
+bool rows_share_lists(const KeySelection& sel) {
+  if (sel.all) return true;
+  for (int r = 1; r < sel.n_rows; ++r)
+    for (int h = 0; h < sel.n_kv_heads; ++h) {
+      const auto a = sel.list(0, h), b = sel.list(r, h);
+      if (!std::equal(a.begin(), a.end(), b.begin(), b.end(), [](const SlotRange& x, const SlotRange& y) {
+            return x.begin == y.begin && x.end == y.end;
+          }))
+        return false;
+    }
+  return true;
+}
+
+void append_page_positions(const LayerKv& kv, std::vector<int32_t>& page_ids,
+                           std::vector<int32_t>& meta) {
+  const int pages = pages_in_use(kv), ps = kv.view.page_size, H = kv.view.num_kv_heads;
+  for (int p = 0; p < pages; ++p) {
+    page_ids.push_back(block_of(kv, p));
+    for (int h = 0; h < H; ++h)
+      for (int e = 0; e < ps; ++e) {
+        const int slot = p * ps + e;
+        int64_t v = -1;
+        if (slot < kv.n_slots && kv.is_valid(slot, h)) v = kv.position(slot, h);
+        if (v > std::numeric_limits<int32_t>::max())
+          fail("device KV store: text position ", v, " does not fit the kernels' int32 positions");
+        meta.push_back(static_cast<int32_t>(v));
+      }
+  }
+}
+
+void append_page_values(const LayerKv& kv, const int32_t* values, std::vector<int32_t>& page_ids,
+                        std::vector<int32_t>& meta) {
+  const int pages = pages_in_use(kv), ps = kv.view.page_size, H = kv.view.num_kv_heads;
+  for (int p = 0; p < pages; ++p) {
+    page_ids.push_back(block_of(kv, p));
+    for (int h = 0; h < H; ++h)
+      for (int e = 0; e < ps; ++e) {
+        const int slot = p * ps + e;
+        meta.push_back(slot < kv.n_slots ? values[static_cast<size_t>(slot) * H + h] : -1);
+      }
+  }
+}
+
+void append_page_data(const LayerKv& kv, std::vector<int32_t>& page_ids, std::vector<float>& k,
+                      std::vector<float>& v) {
+  const int pages = pages_in_use(kv);
+  const size_t elems = kv.view.page_elems();
+  for (int p = 0; p < pages; ++p) {
+    const int32_t b = block_of(kv, p);
+    page_ids.push_back(b);
+    const size_t off = kv.view.offset(b, 0, 0, 0);
+    k.insert(k.end(), kv.view.k_data + off, kv.view.k_data + off + elems);
+    v.insert(v.end(), kv.view.v_data + off, kv.view.v_data + off + elems);
+  }
+}
+
+}  // namespace kvlab
