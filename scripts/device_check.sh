@@ -12,7 +12,12 @@
 # 3. one small decode and prefill test under compute-sanitizer memcheck, when it is installed
 #    (KVLAB_SANITIZE=0 skips it; each run is capped at 90 s);
 # 4. runs the benchmarks (bench.csv) and PyTorch SDPA flash on the prefill shapes (sdpa.csv) and
-#    prints the speed targets (summary.txt).
+#    prints the speed targets (summary.txt);
+# 5. when the machine has kvlab's other dependencies (yaml-cpp, HDF5, Boost, OpenBLAS,
+#    sentencepiece, ...: scripts/setup.sh's list), builds the whole project with CUDA and runs the
+#    engine on the GPU against the CPU engine (engine_device_test) and a whole experiment on both
+#    (RunE2e.CudaRunAgreesWithTheCpuRun); otherwise says it skipped them (KVLAB_FULL_CHECK=0
+#    skips it always).
 # Everything lands in OUT_DIR: build.log, ctest.log, bench.csv, sdpa.csv, summary.txt, times.txt.
 # Without a GPU it still builds; the tests skip with a message and the benchmarks say so.
 # Exit status: non-zero when the build or a test fails (benchmarks never fail the check).
@@ -83,5 +88,28 @@ stamp "benchmarks"
 "$python" "$root/kernels/cuda/bench_sdpa.py" --csv "$out/sdpa.csv" 2>&1 | tee "$out/sdpa.log" || echo "bench_sdpa failed"
 stamp "sdpa reference"
 "$python" "$root/kernels/cuda/bench_summary.py" "$out/bench.csv" "$out/sdpa.csv" | tee "$out/summary.txt"
+
+# 5. The engine on the GPU against the CPU engine (needs the full dependency set).
+if [[ "${KVLAB_FULL_CHECK:-1}" == "1" ]]; then
+  full="${build}-full"
+  rm -rf "$full"
+  if cmake -S "$root" -B "$full" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DKVLAB_CUDA=ON \
+       -DCMAKE_CUDA_ARCHITECTURES="$archs" >"$out/full_build.log" 2>&1; then
+    if timeout 300 cmake --build "$full" -j "$jobs" --target engine_device_test run_e2e_test kvlab \
+         >>"$out/full_build.log" 2>&1; then
+      stamp "full build"
+      (cd "$full" && timeout 240 ctest --output-on-failure -R "EngineDevice|RunE2e" >"$out/engine_device.log" 2>&1) \
+        || { status=1; echo "engine on the GPU: FAILED (engine_device.log)"; }
+      tail -8 "$out/engine_device.log"
+      stamp "engine device tests"
+    else
+      status=1
+      echo "full build FAILED (full_build.log)"; tail -20 "$out/full_build.log"
+    fi
+  else
+    echo "engine device tests skipped: the full kvlab does not configure here (missing dependencies; full_build.log):"
+    grep -m3 -iE "could not find|not found" "$out/full_build.log" || true
+  fi
+fi
 stamp "total"
 exit $status

@@ -67,6 +67,7 @@ int run_generate(const std::vector<std::string>& args) {
   auto policy = make_policy_from_options(vm, registry, policy_shape(c));
   EngineOptions opts;
   opts.threads = vm["threads"].as<int>();
+  apply_device_options(vm, opts);
   Engine engine(*model, opts);
   const SeqId seq = engine.start_sequence(std::move(policy));
 

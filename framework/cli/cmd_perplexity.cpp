@@ -111,6 +111,7 @@ int run_perplexity(const std::vector<std::string>& args) {
   PolicyMaker maker = make_policy_maker_from_options(vm, registry, policy_shape(c));
   EngineOptions opts;
   opts.threads = vm["threads"].as<int>();
+  apply_device_options(vm, opts);
   opts.prefill_chunk_tokens = std::max(opts.prefill_chunk_tokens, 1);
   Engine engine(*model, opts);
   EngineLanguageModel lm(engine, std::move(maker));

@@ -10,7 +10,7 @@ namespace kvlab::cli {
 
 int run_run(const std::vector<std::string>& args) {
   po::options_description desc("options");
-  std::string experiment, output, device = "cpu", shard = "0/1";
+  std::string experiment, output, device = "cpu", device_dtype = "bf16", shard = "0/1";
   int threads = -1;
   desc.add_options()
       ("experiment", po::value(&experiment)->required(), "the experiment YAML file")
@@ -18,13 +18,14 @@ int run_run(const std::vector<std::string>& args) {
       ("resume", "continue an existing results file: run only the cells it lacks")
       ("overwrite", "replace an existing results file")
       ("threads", po::value(&threads), "CPU threads (default: model.threads of the YAML; 0 = all cores)")
-      ("device", po::value(&device), "cpu | cuda")
+      ("device", po::value(&device), "cpu | cuda (the GPU: dense layers and attention; policies stay on the CPU)")
+      ("device-dtype", po::value(&device_dtype), "cuda: bf16 (weights, KV pages, GEMM inputs; default) | f32 (agrees with cpu to float tolerance)")
       ("dry-run", "list the cells and their estimated KV memory; run nothing")
       ("shard", po::value(&shard), "I/N: run only cells with index % N == I (Slurm arrays; join with kvlab merge)");
   po::positional_options_description pos;
   pos.add("experiment", 1);
   po::variables_map vm;
-  if (!parse_options(args, "kvlab run EXP.yaml [-o OUT.h5] [--resume] [--threads N] [--device cpu|cuda] "
+  if (!parse_options(args, "kvlab run EXP.yaml [-o OUT.h5] [--resume] [--threads N] [--device cpu|cuda [--device-dtype bf16|f32]] "
                            "[--dry-run] [--shard I/N]",
                      desc, pos, vm))
     return 0;
@@ -36,6 +37,8 @@ int run_run(const std::vector<std::string>& args) {
   o.threads = threads;
   if (vm.count("threads") && threads < 0) fail("--threads: expected 0 (all cores) or more, got ", threads);
   o.device = device;
+  if (device_dtype != "bf16" && device_dtype != "f32") fail("--device-dtype: expected bf16 or f32, got '", device_dtype, "'");
+  o.device_dtype = device_dtype;
   o.dry_run = vm.count("dry-run") > 0;
   o.shard = parse_shard(shard);
   const ExperimentSpec spec = parse_experiment(experiment);

@@ -1,5 +1,7 @@
 #include "framework/cli/model_options.h"
 
+#include "framework/core/error.h"
+
 #include <string>
 
 namespace kvlab::cli {
@@ -10,7 +12,19 @@ void add_model_options(po::options_description& desc) {
       ("threads", po::value<int>()->default_value(0), "threads; 0 = all cores")
       ("tokenizer,t", po::value<std::string>(), "tokenizer file to use instead of the model's own")
       ("weight-dtype", po::value<std::string>()->default_value("keep"),
-       "convert weights on load: keep | f32 | f16 | bf16 | q8_0");
+       "convert weights on load: keep | f32 | f16 | bf16 | q8_0")
+      ("device", po::value<std::string>()->default_value("cpu"),
+       "cpu | cuda (dense layers and attention on the GPU)")
+      ("device-dtype", po::value<std::string>()->default_value("bf16"),
+       "cuda: bf16 | f32 (weights, KV pages and GEMM inputs on the GPU)");
+}
+
+void apply_device_options(const po::variables_map& vm, EngineOptions& opts) {
+  opts.device = vm["device"].as<std::string>();
+  opts.device_dtype = vm["device-dtype"].as<std::string>();
+  if (opts.device != "cpu" && opts.device != "cuda") fail("--device: expected cpu or cuda, got '", opts.device, "'");
+  if (opts.device_dtype != "bf16" && opts.device_dtype != "f32")
+    fail("--device-dtype: expected bf16 or f32, got '", opts.device_dtype, "'");
 }
 
 std::unique_ptr<Model> load_model_from_options(const po::variables_map& vm) {

@@ -18,6 +18,7 @@
 
 #include "evals/niah.h"
 #include "evals/perplexity.h"
+#include "framework/engine/device_forward.h"
 #include "framework/engine/engine.h"
 #include "framework/experiment/cells.h"
 #include "framework/experiment/report.h"
@@ -435,14 +436,39 @@ TEST_F(RunE2e, DryRunListsCellsWithKvEstimates) {
 
 TEST_F(RunE2e, ExistingOutputIsNotOverwrittenAndCudaIsChecked) {
   EXPECT_THROW(run_experiment(*spec_, quiet_options(reference())), Error);
+  if (cuda_device_available()) GTEST_SKIP() << "a GPU is present (RunE2e.CudaRunAgreesWithTheCpuRun)";
   RunOptions o = quiet_options(work_dir() / "cuda.h5");
   o.device = "cuda";
   try {
     run_experiment(*spec_, o);
-    ADD_FAILURE() << "--device cuda ran on a machine without the CUDA engine";
+    ADD_FAILURE() << "--device cuda ran on a machine without a usable GPU";
   } catch (const Error& e) {
     const std::string msg = e.what();
     EXPECT_NE(msg.find("--device cuda"), std::string::npos) << msg;
+  }
+  EXPECT_FALSE(fs::exists(o.output));
+}
+
+// The whole experiment on the GPU in fp32 gives the CPU run's numbers: every cell's NIAH
+// accuracy and perplexity, for every policy.
+TEST_F(RunE2e, CudaRunAgreesWithTheCpuRun) {
+  if (!cuda_device_available()) GTEST_SKIP() << "needs a CUDA GPU: " << cuda_device_summary();
+  RunOptions o = quiet_options(work_dir() / "cuda_f32.h5");
+  o.device = "cuda";
+  o.device_dtype = "f32";
+  run_experiment(*spec_, o);
+  ResultsFile cpu = ResultsFile::open(reference()), gpu = ResultsFile::open(o.output);
+  ASSERT_EQ(cpu.runs(), gpu.runs());
+  for (const std::string& run : cpu.runs()) {
+    ASSERT_EQ(cpu.complete_cells(run), gpu.complete_cells(run)) << run;
+    for (const std::string& cell : cpu.complete_cells(run)) {
+      const AttrMap a = cpu.read_cell(run, cell).attrs, b = gpu.read_cell(run, cell).attrs;
+      for (const char* key : {"accuracy", "ppl"}) {
+        if (!a.count(key)) continue;
+        const double x = std::get<double>(a.at(key)), y = std::get<double>(b.at(key));
+        EXPECT_NEAR(x, y, 1e-3 * std::max(1.0, std::fabs(x))) << run << " " << cell << " " << key;
+      }
+    }
   }
 }
 

@@ -12,6 +12,7 @@
 #include "evals/niah.h"
 #include "evals/perplexity.h"
 #include "framework/core/error.h"
+#include "framework/engine/device_forward.h"
 #include "framework/engine/engine.h"
 #include "framework/experiment/progress.h"
 #include "framework/experiment/report.h"
@@ -358,15 +359,7 @@ void dry_run(const ExperimentSpec& spec, const std::vector<RunSpec>& runs,
 void check_device(const std::string& device) {
   if (device == "cpu") return;
   if (device != "cuda") fail("--device: expected cpu or cuda, got '", device, "'");
-#ifndef KVLAB_HAVE_CUDA
-  fail("--device cuda: this kvlab was built without CUDA (reconfigure with -DKVLAB_CUDA=ON on a "
-       "machine with the CUDA toolkit)");
-#else
-  if (!fs::exists("/dev/nvidia0") && !fs::exists("/dev/nvidiactl"))
-    fail("--device cuda: no GPU found (no /dev/nvidia* device); use --device cpu");
-  fail("--device cuda: the CUDA kernels are built, but `kvlab run` drives the CPU engine only in "
-       "this version; use --device cpu");
-#endif
+  if (!cuda_device_available()) fail("--device cuda: ", cuda_device_summary(), "; use --device cpu");
 }
 
 int run_experiment(const ExperimentSpec& spec, const RunOptions& o) {
@@ -466,7 +459,9 @@ int run_experiment(const ExperimentSpec& spec, const RunOptions& o) {
                                        tokenizer.bos_id(), ", eos ", tokenizer.eos_id(), ")")},
                  {"seeds", seeds},
                  {"cells_total", int64_t(cells.size())},
-                 {"shard", str_cat(o.shard.index, "/", o.shard.count)}};
+                 {"shard", str_cat(o.shard.index, "/", o.shard.count)},
+                 {"device", o.device == "cuda" ? str_cat("cuda ", o.device_dtype, ": ", cuda_device_summary())
+                                               : std::string("cpu")}};
     file = ResultsFile::create(output, root);
   }
   for (const RunSpec& run : runs) {
@@ -496,6 +491,8 @@ int run_experiment(const ExperimentSpec& spec, const RunOptions& o) {
   eo.probe = spec.engine.probe;
   eo.probe_every = spec.engine.probe_every;
   eo.probe_layers = spec.engine.probe_layers;
+  eo.device = o.device;
+  eo.device_dtype = o.device_dtype;
   for (size_t i = 0; i < eo.probe_layers.size(); ++i)
     if (eo.probe_layers[i] >= config.n_layers)
       fail(spec.file.string(), ": engine.probe_layers[", i, "]: layer ", eo.probe_layers[i],

@@ -28,6 +28,7 @@ struct RunOptions {
   bool overwrite = false;        // replace an existing file
   int threads = -1;              // -1: model.threads from the YAML (0 = all cores)
   std::string device = "cpu";    // cpu | cuda
+  std::string device_dtype = "bf16";  // cuda: bf16 | f32 (EngineOptions::device_dtype)
   bool dry_run = false;          // list cells and their estimated KV memory, run nothing
   Shard shard;
   std::FILE* progress = stderr;  // nullptr: no progress display
@@ -39,7 +40,7 @@ struct RunOptions {
 // that is not there). Returns the number of cells run.
 int run_experiment(const ExperimentSpec& spec, const RunOptions& options);
 
-// Throws "--device cuda: ..." unless `device` can be used by this build.
+// Throws "--device cuda: ..." unless `device` can be used by this build and machine.
 void check_device(const std::string& device);
 
 }  // namespace kvlab
