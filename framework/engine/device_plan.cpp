@@ -14,6 +14,22 @@ int pages_in_use(const LayerKv& kv) {
 
 int32_t block_of(const LayerKv& kv, int page) { return kv.view.indices[kv.view.indptr[0] + page]; }
 
+// The pages holding kv's slots, their entries in [page][kv_head][entry] order: value(slot, h)
+// for slots in use, -1 past n_slots.
+template <class Value>
+void append_page_meta(const LayerKv& kv, std::vector<int32_t>& page_ids, std::vector<int32_t>& meta,
+                      Value value) {
+  const int pages = pages_in_use(kv), ps = kv.view.page_size, H = kv.view.num_kv_heads;
+  for (int p = 0; p < pages; ++p) {
+    page_ids.push_back(block_of(kv, p));
+    for (int h = 0; h < H; ++h)
+      for (int e = 0; e < ps; ++e) {
+        const int slot = p * ps + e;
+        meta.push_back(slot < kv.n_slots ? value(slot, h) : -1);
+      }
+  }
+}
+
 }  // namespace
 
 void BlockTableArrays::clear() {
@@ -75,32 +91,20 @@ bool rows_share_lists(const KeySelection& sel) {
 
 void append_page_positions(const LayerKv& kv, std::vector<int32_t>& page_ids,
                            std::vector<int32_t>& meta) {
-  const int pages = pages_in_use(kv), ps = kv.view.page_size, H = kv.view.num_kv_heads;
-  for (int p = 0; p < pages; ++p) {
-    page_ids.push_back(block_of(kv, p));
-    for (int h = 0; h < H; ++h)
-      for (int e = 0; e < ps; ++e) {
-        const int slot = p * ps + e;
-        int64_t v = -1;
-        if (slot < kv.n_slots && kv.is_valid(slot, h)) v = kv.position(slot, h);
-        if (v > std::numeric_limits<int32_t>::max())
-          fail("device KV store: text position ", v, " does not fit the kernels' int32 positions");
-        meta.push_back(static_cast<int32_t>(v));
-      }
-  }
+  append_page_meta(kv, page_ids, meta, [&](int slot, int h) -> int32_t {
+    if (!kv.is_valid(slot, h)) return -1;
+    const int64_t pos = kv.position(slot, h);
+    if (pos > std::numeric_limits<int32_t>::max())
+      fail("device KV store: text position ", pos, " does not fit the kernels' int32 positions");
+    return static_cast<int32_t>(pos);
+  });
 }
 
 void append_page_values(const LayerKv& kv, const int32_t* values, std::vector<int32_t>& page_ids,
                         std::vector<int32_t>& meta) {
-  const int pages = pages_in_use(kv), ps = kv.view.page_size, H = kv.view.num_kv_heads;
-  for (int p = 0; p < pages; ++p) {
-    page_ids.push_back(block_of(kv, p));
-    for (int h = 0; h < H; ++h)
-      for (int e = 0; e < ps; ++e) {
-        const int slot = p * ps + e;
-        meta.push_back(slot < kv.n_slots ? values[static_cast<size_t>(slot) * H + h] : -1);
-      }
-  }
+  const int H = kv.view.num_kv_heads;
+  append_page_meta(kv, page_ids, meta,
+                   [&](int slot, int h) { return values[static_cast<size_t>(slot) * H + h]; });
 }
 
 void append_page_data(const LayerKv& kv, std::vector<int32_t>& page_ids, std::vector<float>& k,
