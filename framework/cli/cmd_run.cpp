@@ -18,7 +18,8 @@ int run_run(const std::vector<std::string>& args) {
       ("resume", "continue an existing results file: run only the cells it lacks")
       ("overwrite", "replace an existing results file")
       ("threads", po::value(&threads), "CPU threads (default: model.threads of the YAML; 0 = all cores)")
-      ("device", po::value(&device), "cpu | cuda (the GPU: dense layers and attention; policies stay on the CPU)")
+      ("device", po::value(&device), "cpu | cuda (the GPU: dense layers and attention; policies stay on the CPU) | "
+                                     "emulated (the GPU path's plans on CPU loops: slow, for checking)")
       ("device-dtype", po::value(&device_dtype), "cuda: bf16 (weights, KV pages, GEMM inputs; default) | f32 (agrees with cpu to float tolerance)")
       ("dry-run", "list the cells and their estimated KV memory; run nothing")
       ("shard", po::value(&shard), "I/N: run only cells with index % N == I (Slurm arrays; join with kvlab merge)");

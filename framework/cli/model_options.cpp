@@ -14,7 +14,7 @@ void add_model_options(po::options_description& desc) {
       ("weight-dtype", po::value<std::string>()->default_value("keep"),
        "convert weights on load: keep | f32 | f16 | bf16 | q8_0")
       ("device", po::value<std::string>()->default_value("cpu"),
-       "cpu | cuda (dense layers and attention on the GPU)")
+       "cpu | cuda (dense layers and attention on the GPU) | emulated (the GPU path on CPU loops, for checking)")
       ("device-dtype", po::value<std::string>()->default_value("bf16"),
        "cuda: bf16 | f32 (weights, KV pages and GEMM inputs on the GPU)");
 }
@@ -22,7 +22,8 @@ void add_model_options(po::options_description& desc) {
 void apply_device_options(const po::variables_map& vm, EngineOptions& opts) {
   opts.device = vm["device"].as<std::string>();
   opts.device_dtype = vm["device-dtype"].as<std::string>();
-  if (opts.device != "cpu" && opts.device != "cuda") fail("--device: expected cpu or cuda, got '", opts.device, "'");
+  if (opts.device != "cpu" && opts.device != "cuda" && opts.device != "emulated")
+    fail("--device: expected cpu, cuda or emulated, got '", opts.device, "'");
   if (opts.device_dtype != "bf16" && opts.device_dtype != "f32")
     fail("--device-dtype: expected bf16 or f32, got '", opts.device_dtype, "'");
 }

@@ -1,4 +1,6 @@
-// The Engine's forward pass on a GPU (EngineOptions::device = "cuda").
+// The Engine's forward pass on a device (EngineOptions::device = "cuda", or "emulated": the same
+// host-side plans executed by CPU loops over device-shaped arrays, device_executor.h, so tests
+// cover everything but the CUDA kernels without a GPU).
 //
 // Division of labour: the host keeps what it keeps on the CPU path — sequences, policies, the
 // paged KvStore's block tables, slot metadata and an fp32 copy of every cached K/V row (what
@@ -15,7 +17,9 @@
 //         mass is needed, else each row as its own decode request); key mass when asked
 //   host: Engine::end_attention (statistics, probes, policy observation, evictions)
 //   GPU:  x += Wo att; x += W_down(silu(W_gate h) * W_up h); logits = lm_head RMSNorm(x).
-// Built only with CUDA (KVLAB_HAVE_CUDA); without it create() throws a clear Error.
+// The device work is a DeviceExecutor (device_executor.h); this file's implementation
+// (device_forward.cpp) is the host side: RoPE positions, the mirror bookkeeping and the launch
+// plans. CUDA is built only with KVLAB_HAVE_CUDA; without it device "cuda" is a clear Error.
 #pragma once
 
 #include <cstdint>
@@ -31,8 +35,8 @@ namespace kvlab {
 class DeviceForward {
  public:
   virtual ~DeviceForward() = default;
-  // Throws Error naming the reason when no GPU can be used (this build has no CUDA, no device,
-  // an unsupported model shape or dtype).
+  // For options(engine).device "cuda" or "emulated". Throws Error naming the reason when the
+  // device cannot be used (this build has no CUDA, no GPU, an unsupported model shape or dtype).
   static std::unique_ptr<DeviceForward> create(Engine& engine);
 
   // Engine::forward on the device: embeddings of `tokens` (one row each), every layer, and the
@@ -47,6 +51,7 @@ class DeviceForward {
   static const Model& model(const Engine& e) { return e.model_; }
   static const EngineOptions& options(const Engine& e) { return e.opts_; }
   static KvStore& store(Engine& e) { return *e.store_; }
+  static const RopeTable& cache_rope(const Engine& e) { return e.cache_rope_; }
   static void begin_attention(Engine& e, engine_detail::Group& g, int layer, float* q, float* k,
                               const float* v) {
     e.begin_attention(g, layer, q, k, v, /*text_rope_done=*/true);

@@ -184,7 +184,7 @@ Engine::Engine(const Model& model, const EngineOptions& opts)
   // rope-at-read (attention kernels) for policies with rope_at_cache_position; the kernels'
   // table cannot take per-pair frequency factors, so such models refuse those policies
   if (c.rope_freq_factors.empty()) cache_rope_ = RopeTable(rope_config(c), table_positions);
-  if (opts_.device == "cuda") {
+  if (opts_.device == "cuda" || opts_.device == "emulated") {
     device_ = DeviceForward::create(*this);
   } else if (opts_.device != "cpu") {
     fail("engine: device must be cpu or cuda, got '", opts_.device, "'");
@@ -231,7 +231,7 @@ void Engine::end_sequence(SeqId seq) {
 SeqId Engine::fork(SeqId seq, std::unique_ptr<AttentionPolicy> child_policy) {
   const Sequence& parent = seq_at(seq);
   // The device mirrors pages per block id; a shared block would need per-sequence metadata.
-  if (device_) fail("engine: fork is not supported with device cuda yet (use device cpu)");
+  if (device_) fail("engine: fork is not supported with device ", opts_.device, " yet (use device cpu)");
   if (parent.policy && !child_policy)
     fail("engine: fork of sequence ", seq, " which has an attention policy needs a fresh policy "
          "for the child (policy state cannot be copied)");

@@ -63,12 +63,16 @@ struct EngineOptions {
   int probe_every = 16;          // probe every N-th decode step of a sequence
   std::vector<int> probe_layers; // layers probed; empty = first, middle and last
   // Where the dense layers and attention run: "cpu" (the reference) or "cuda" (the GPU, through
-  // framework/engine/device_forward.h; needs a kvlab built with CUDA and a GPU, else Error).
+  // framework/engine/device_forward.h; needs a kvlab built with CUDA and a GPU, else Error);
+  // "emulated" runs the device path with CPU loops in place of the kernels (tests).
   // Sequences, policies and the paged store's bookkeeping stay on the host either way.
   std::string device = "cpu";
   // cuda only: "bf16" (weights, KV pages and GEMM inputs in bf16, fp32 accumulation: the fast
   // path) or "f32" (fp32 throughout: agrees with the CPU path to float tolerance).
   std::string device_dtype = "bf16";
+  // cuda: most query rows per decode-kernel launch (prefill chunks that read per-row selections
+  // or need key mass run as decode requests, in several launches); bounds its workspace.
+  int device_launch_rows = 256;
 };
 
 // Per-sequence counters. "Attended" counts, for one decode step, the keys one query head read,

@@ -1,10 +1,13 @@
-// The GPU forward pass against the CPU engine (the oracle) on tiny random models: the same
+// The device forward pass against the CPU engine (the oracle) on tiny random models: the same
 // tokens, policies and chunking give the same logits — to float tolerance with device dtype
-// f32, to bf16 tolerance with bf16 — and the policies make the same eviction decisions
+// f32, to bf16 tolerance with bf16 on a GPU — and the policies make the same eviction decisions
 // (resident tokens per layer and head agree). Shapes: head_dim 64 and 128, GQA 1, 4 and 8,
 // QKV bias, both RoPE layouts, page sizes 7 and 16, prefill chunks not a multiple of the page;
 // every built-in policy (rope-at-read sinks, key-mass H2O, landmark selection in prefill).
-// Skips without a GPU; the refusal without one is checked everywhere.
+// Devices: "emulated" always (the host-side plans, page mirror and launches executed by CPU
+// loops over device-shaped arrays; with dtype bf16 it plans tensor-core prefill launches, with
+// f32 rows as decode requests, as CUDA does), "cuda" when a GPU is present. The refusal without
+// a GPU is checked everywhere else.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -85,6 +88,7 @@ Trace run(Engine& e, const std::string& policy, const std::map<std::string, Para
 
 EngineOptions options(int page, const std::string& device, const std::string& dtype = "f32") {
   EngineOptions o;
+  o.device_launch_rows = 5;  // prefill chunks of 13 rows as decode requests take 3 launches
   o.threads = 1;
   o.block_size_tokens = page;
   o.prefill_chunk_tokens = 13;
@@ -103,21 +107,28 @@ double max_rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
   return diff / scale;
 }
 
-class EngineDevice : public ::testing::Test {
+struct Device {
+  std::string device, dtype;
+};
+void PrintTo(const Device& d, std::ostream* os) { *os << d.device << " " << d.dtype; }
+
+// (device, dtype) pairs whose results must equal the CPU's to float tolerance.
+class EngineDevice : public ::testing::TestWithParam<Device> {
  protected:
   void SetUp() override {
-    if (!cuda_device_available()) GTEST_SKIP() << "needs a CUDA GPU: " << cuda_device_summary();
+    if (GetParam().device == "cuda" && !cuda_device_available())
+      GTEST_SKIP() << "needs a CUDA GPU: " << cuda_device_summary();
   }
 };
 
-TEST_F(EngineDevice, F32MatchesTheCpuForEveryPolicyAndShape) {
+TEST_P(EngineDevice, MatchesTheCpuForEveryPolicyAndShape) {
   const Shape shapes[] = {{64, 4, 4, false, false, 7}, {128, 4, 1, true, true, 16},
                           {64, 8, 2, false, true, 16}, {64, 8, 1, true, false, 7}};
   for (const Shape& sh : shapes) {
     const ModelConfig c = config_of(sh);
     auto model = make_random_model(c, DType::kF32, 11);
     Engine cpu(*model, options(sh.page, "cpu"));
-    Engine gpu(*model, options(sh.page, "cuda", "f32"));
+    Engine gpu(*model, options(sh.page, GetParam().device, GetParam().dtype));
     for (const auto& [name, params] : acting_policies()) {
       SCOPED_TRACE("head_dim " + std::to_string(sh.head_dim) + " heads " + std::to_string(sh.n_heads) + "/" +
                    std::to_string(sh.n_kv_heads) + " page " + std::to_string(sh.page) + " policy '" + name + "'");
@@ -129,7 +140,8 @@ TEST_F(EngineDevice, F32MatchesTheCpuForEveryPolicyAndShape) {
   }
 }
 
-TEST_F(EngineDevice, Bf16IsCloseToTheCpuOnBf16Weights) {
+TEST(EngineDeviceCuda, Bf16IsCloseToTheCpuOnBf16Weights) {
+  if (!cuda_device_available()) GTEST_SKIP() << "needs a CUDA GPU: " << cuda_device_summary();
   const Shape sh{128, 8, 2, false, false, 16};
   const ModelConfig c = config_of(sh);
   auto model = make_random_model(c, DType::kBF16, 12);
@@ -145,7 +157,7 @@ TEST_F(EngineDevice, Bf16IsCloseToTheCpuOnBf16Weights) {
   }
 }
 
-TEST_F(EngineDevice, BatchedDecodeOfMixedPoliciesEqualsEachAlone) {
+TEST_P(EngineDevice, BatchedDecodeOfMixedPoliciesEqualsEachAlone) {
   const Shape sh{64, 4, 2, false, false, 16};
   const ModelConfig c = config_of(sh);
   auto model = make_random_model(c, DType::kF32, 13);
@@ -157,7 +169,7 @@ TEST_F(EngineDevice, BatchedDecodeOfMixedPoliciesEqualsEachAlone) {
     Engine cpu(*model, options(16, "cpu"));
     for (int p : pick) alone.push_back(run(cpu, policies[p].first, policies[p].second).logits);
   }
-  Engine gpu(*model, options(16, "cuda", "f32"));
+  Engine gpu(*model, options(16, GetParam().device, GetParam().dtype));
   std::vector<SeqId> seqs;
   std::vector<std::vector<float>> got(pick.size());
   std::vector<float> lg;
@@ -176,6 +188,11 @@ TEST_F(EngineDevice, BatchedDecodeOfMixedPoliciesEqualsEachAlone) {
   for (size_t i = 0; i < pick.size(); ++i) EXPECT_LT(max_rel_diff(alone[i], got[i]), 2e-4) << "sequence " << i;
   EXPECT_THROW(gpu.fork(seqs[0]), Error);
 }
+
+INSTANTIATE_TEST_SUITE_P(Devices, EngineDevice,
+                         ::testing::Values(Device{"emulated", "f32"}, Device{"emulated", "bf16"},
+                                           Device{"cuda", "f32"}),
+                         [](const auto& info) { return info.param.device + "_" + info.param.dtype; });
 
 TEST(EngineDeviceRefusal, WithoutAGpuTheEngineSaysSo) {
   if (cuda_device_available()) GTEST_SKIP() << "a GPU is present";

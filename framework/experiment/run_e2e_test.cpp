@@ -449,27 +449,41 @@ TEST_F(RunE2e, ExistingOutputIsNotOverwrittenAndCudaIsChecked) {
   EXPECT_FALSE(fs::exists(o.output));
 }
 
-// The whole experiment on the GPU in fp32 gives the CPU run's numbers: every cell's NIAH
-// accuracy and perplexity, for every policy.
-TEST_F(RunE2e, CudaRunAgreesWithTheCpuRun) {
-  if (!cuda_device_available()) GTEST_SKIP() << "needs a CUDA GPU: " << cuda_device_summary();
-  RunOptions o = quiet_options(work_dir() / "cuda_f32.h5");
-  o.device = "cuda";
-  o.device_dtype = "f32";
-  run_experiment(*spec_, o);
-  ResultsFile cpu = ResultsFile::open(reference()), gpu = ResultsFile::open(o.output);
-  ASSERT_EQ(cpu.runs(), gpu.runs());
+// The whole experiment through the device path gives the CPU run's numbers: every cell's NIAH
+// accuracy and perplexity, for every policy. "emulated" (the device plans on CPU loops) always;
+// "cuda" in fp32 on a GPU.
+void expect_device_run_agrees(const ExperimentSpec& spec, const fs::path& reference, const std::string& device,
+                              const std::string& dtype) {
+  RunOptions o = quiet_options(work_dir() / (device + "_" + dtype + ".h5"));
+  o.device = device;
+  o.device_dtype = dtype;
+  run_experiment(spec, o);
+  ResultsFile cpu = ResultsFile::open(reference), dev = ResultsFile::open(o.output);
+  ASSERT_EQ(cpu.runs(), dev.runs());
+  int compared = 0;
   for (const std::string& run : cpu.runs()) {
-    ASSERT_EQ(cpu.complete_cells(run), gpu.complete_cells(run)) << run;
+    ASSERT_EQ(cpu.complete_cells(run), dev.complete_cells(run)) << run;
     for (const std::string& cell : cpu.complete_cells(run)) {
-      const AttrMap a = cpu.read_cell(run, cell).attrs, b = gpu.read_cell(run, cell).attrs;
+      const AttrMap a = cpu.read_cell(run, cell).attrs, b = dev.read_cell(run, cell).attrs;
       for (const char* key : {"accuracy", "ppl"}) {
         if (!a.count(key)) continue;
         const double x = std::get<double>(a.at(key)), y = std::get<double>(b.at(key));
         EXPECT_NEAR(x, y, 1e-3 * std::max(1.0, std::fabs(x))) << run << " " << cell << " " << key;
+        ++compared;
       }
     }
   }
+  EXPECT_GT(compared, 20);
+  EXPECT_EQ(std::get<std::string>(dev.root_attrs().at("device")).rfind(device, 0), 0u);
+}
+
+TEST_F(RunE2e, EmulatedDeviceRunAgreesWithTheCpuRun) {
+  expect_device_run_agrees(*spec_, reference(), "emulated", "bf16");
+}
+
+TEST_F(RunE2e, CudaRunAgreesWithTheCpuRun) {
+  if (!cuda_device_available()) GTEST_SKIP() << "needs a CUDA GPU: " << cuda_device_summary();
+  expect_device_run_agrees(*spec_, reference(), "cuda", "f32");
 }
 
 }  // namespace

@@ -357,8 +357,8 @@ void dry_run(const ExperimentSpec& spec, const std::vector<RunSpec>& runs,
 }  // namespace
 
 void check_device(const std::string& device) {
-  if (device == "cpu") return;
-  if (device != "cuda") fail("--device: expected cpu or cuda, got '", device, "'");
+  if (device == "cpu" || device == "emulated") return;
+  if (device != "cuda") fail("--device: expected cpu or cuda (or emulated), got '", device, "'");
   if (!cuda_device_available()) fail("--device cuda: ", cuda_device_summary(), "; use --device cpu");
 }
 
@@ -460,8 +460,9 @@ int run_experiment(const ExperimentSpec& spec, const RunOptions& o) {
                  {"seeds", seeds},
                  {"cells_total", int64_t(cells.size())},
                  {"shard", str_cat(o.shard.index, "/", o.shard.count)},
-                 {"device", o.device == "cuda" ? str_cat("cuda ", o.device_dtype, ": ", cuda_device_summary())
-                                               : std::string("cpu")}};
+                 {"device", o.device == "cuda"       ? str_cat("cuda ", o.device_dtype, ": ", cuda_device_summary())
+                            : o.device == "emulated" ? str_cat("emulated ", o.device_dtype)
+                                                     : std::string("cpu")}};
     file = ResultsFile::create(output, root);
   }
   for (const RunSpec& run : runs) {

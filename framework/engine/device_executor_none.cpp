@@ -1,5 +1,6 @@
-// DeviceForward in a kvlab built without CUDA: every request for the GPU is a clear error.
+// The CUDA executor in a kvlab built without CUDA: every request for the GPU is a clear error.
 #include "framework/core/error.h"
+#include "framework/engine/device_executor.h"
 #include "framework/engine/device_forward.h"
 
 namespace kvlab {
@@ -8,7 +9,7 @@ std::string cuda_device_summary() { return "this kvlab was built without CUDA"; 
 
 bool cuda_device_available() { return false; }
 
-std::unique_ptr<DeviceForward> DeviceForward::create(Engine&) {
+std::unique_ptr<DeviceExecutor> make_cuda_executor(const DeviceExecutorConfig&) {
   fail("device cuda: this kvlab was built without CUDA (reconfigure with -DKVLAB_CUDA=ON on a "
        "machine with the CUDA toolkit); use device cpu");
 }
