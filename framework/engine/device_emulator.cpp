@@ -168,6 +168,7 @@ class EmulatedExecutor final : public DeviceExecutor {
   void attend(const BlockTableArrays& table, int b, const SelectionArrays& sel, int sel_request, const float* q,
               const int64_t* q_pos, int n_rows, bool rope_at_read, float* out, std::vector<float>* mass) {
     const int nkv = c_.n_kv_heads;
+    sel.check();
     const PagedKvView<const float> arena = view(table);
     const int32_t indptr[2] = {0, table.indptr[b + 1] - table.indptr[b]};
     LayerKv kv;

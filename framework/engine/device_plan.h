@@ -41,6 +41,9 @@ struct SelectionArrays {
   void add_row(const KeySelection& sel, int row, int n_kv_heads, int n_slots);
   // Most selected slots in any list (what sizes a split-K plan).
   int max_count() const;
+  // Throws Error unless every list's ranges are non-empty, sorted, disjoint and inside its
+  // list_slots (the contract the device kernels rely on; DeviceSelection::upload checks the same).
+  void check() const;
 };
 
 // True when every query row of `sel` reads the same lists as row 0 (always for sel.all): the

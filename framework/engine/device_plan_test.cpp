@@ -10,6 +10,7 @@
 #include <random>
 #include <vector>
 
+#include "framework/core/error.h"
 #include "framework/kv/kv_store.h"
 
 namespace kvlab {
@@ -162,6 +163,17 @@ TEST(DevicePlanSelection, ListsAreThePolicyRangesOrTheWholeCache) {
   EXPECT_EQ(t.max_count(), 5);
   // the tables pass DeviceSelection's own contract (key offsets restart per list)
   EXPECT_EQ(build_key_offsets(t.indptr, t.ranges), (std::vector<int32_t>{0, 0, 0, 3}));
+
+  t.check();
+  SelectionArrays bad = t;
+  bad.ranges[2] = {3, 2};  // empty
+  EXPECT_THROW(bad.check(), Error);
+  bad = t;
+  bad.list_slots[2] = 6;   // past the list's slots
+  EXPECT_THROW(bad.check(), Error);
+  bad = t;
+  bad.ranges[3] = {2, 7};  // overlaps [0, 3)
+  EXPECT_THROW(bad.check(), Error);
 
   EXPECT_TRUE(rows_share_lists(all));
   EXPECT_FALSE(rows_share_lists(sel));
