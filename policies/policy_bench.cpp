@@ -197,7 +197,7 @@ struct LayerResult {
 LayerResult run_layers_case(const ModelConfig& cfg, const PolicyRegistry& registry, const Case& c,
                             int64_t ctx, int n_threads, int steps, int warmup) {
   const int L = cfg.n_layers, nh = cfg.n_heads, nkv = cfg.n_kv_heads, hd = cfg.head_dim;
-  const int kvd = nkv * hd, qd = nh * hd, group = nh / nkv;
+  const int kvd = nkv * hd, qd = nh * hd;
   const int64_t total = ctx + warmup + steps + 1;
   KvStoreConfig kc;
   kc.n_layers = L, kc.n_kv_heads = nkv, kc.head_dim = hd, kc.block_size_tokens = 16;

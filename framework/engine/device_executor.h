@@ -69,6 +69,7 @@ struct PrefillLaunch {
 struct DeviceExecutorConfig {
   const Model* model = nullptr;
   int num_pages = 0, page_size = 0;
+  int64_t max_tokens = 0;           // EngineOptions::max_tokens (bounds cache ranks)
   std::string dtype = "bf16";       // bf16 | f32 (weights, KV pages, GEMM inputs)
   std::vector<double> rope_inv_freq;  // model_rope_inv_freq
   const RopeTable* cache_rope = nullptr;  // rope at read (the CPU engine's table)

@@ -196,9 +196,9 @@ CudaExecutor<T>::CudaExecutor(const DeviceExecutorConfig& config) : c_(config.mo
 
   inv_freq_ = DeviceBuffer<double>(config.rope_inv_freq);
   pairs_ = c_.rope_style == RopeStyle::kNeox ? cuda::RopePairs::kNeox : cuda::RopePairs::kInterleaved;
-  // rope at read: cache ranks < the cached tokens <= min(max_seq_len, the pool's slots)
+  // rope at read: cache ranks < the cached tokens <= min(max_tokens, the pool's slots)
   const int n_positions =
-      static_cast<int>(std::min<int64_t>(c_.max_seq_len, int64_t(config.num_pages) * config.page_size)) + 1;
+      static_cast<int>(std::min<int64_t>(config.max_tokens, int64_t(config.num_pages) * config.page_size)) + 1;
   rope_table_ = DeviceBuffer<float>(cuda::rope_cos_sin_table(config.rope_inv_freq, n_positions));
   rope_view_.cos_sin = reinterpret_cast<const float2*>(rope_table_.data());
   rope_view_.n_positions = n_positions;

@@ -247,6 +247,7 @@ std::unique_ptr<DeviceForward> DeviceForward::create(Engine& engine) {
   ec.model = &model(engine);
   ec.num_pages = static_cast<int>(st.stats().blocks_total);
   ec.page_size = st.config().block_size_tokens;
+  ec.max_tokens = o.max_tokens;
   ec.dtype = o.device_dtype;
   ec.rope_inv_freq = model_rope_inv_freq(c);
   ec.cache_rope = &cache_rope(engine);

@@ -1,6 +1,7 @@
 #include "framework/engine/engine.h"
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <cstring>
 #include <unordered_set>
@@ -160,6 +161,9 @@ Engine::Engine(const Model& model, const EngineOptions& opts)
   if (opts.block_size_tokens <= 0) fail("engine: block_size_tokens must be > 0");
   if (opts.prefill_chunk_tokens <= 0) fail("engine: prefill_chunk_tokens must be > 0");
   if (opts.max_batch <= 0) fail("engine: max_batch must be > 0");
+  if (opts.max_tokens < 0) fail("engine: max_tokens must be >= 0 (0 = the model's max_seq_len)");
+  if (opts.max_tokens > INT32_MAX) fail("engine: max_tokens above 2^31 - 1");
+  if (opts_.max_tokens == 0) opts_.max_tokens = c.max_seq_len;
   opts_.threads = pool_.size();
   if (opts_.probe && opts_.probe_layers.empty())
     opts_.probe_layers = {0, c.n_layers / 2, c.n_layers - 1};
@@ -176,7 +180,7 @@ Engine::Engine(const Model& model, const EngineOptions& opts)
   kc.block_size_tokens = opts.block_size_tokens;
   const size_t block_bytes = size_t{2} * opts.block_size_tokens * c.n_kv_heads * c.head_dim * sizeof(float);
   const size_t blocks_per_seq =
-      static_cast<size_t>(c.n_layers) * ((c.max_seq_len + opts.block_size_tokens - 1) / opts.block_size_tokens);
+      static_cast<size_t>(c.n_layers) * ((opts_.max_tokens + opts.block_size_tokens - 1) / opts.block_size_tokens);
   kc.budget_bytes = opts.kv_budget_bytes ? opts.kv_budget_bytes : blocks_per_seq * opts.max_batch * block_bytes;
   store_ = std::make_unique<KvStore>(kc);
   const int64_t table_positions = std::min<int64_t>(c.max_seq_len, kMaxRopeTablePositions);
@@ -296,7 +300,7 @@ StepStatus Engine::prefill(SeqId seq, std::span<const int32_t> tokens, std::vect
   if (tokens.empty()) fail("engine: prefill of sequence ", seq, " with no tokens");
   for (int32_t t : tokens)
     if (t < 0 || t >= c.vocab_size) fail("engine: token id ", t, " out of range [0, ", c.vocab_size, ")");
-  if (s.n_tokens + static_cast<int64_t>(tokens.size()) > c.max_seq_len) return StepStatus::kContextFull;
+  if (s.n_tokens + static_cast<int64_t>(tokens.size()) > opts_.max_tokens) return StepStatus::kContextFull;
   const int64_t n_total = static_cast<int64_t>(tokens.size());
   logits.resize(static_cast<size_t>(all_logits ? n_total : 1) * c.vocab_size);
   for (int64_t start = 0; start < n_total; start += opts_.prefill_chunk_tokens) {
@@ -337,7 +341,7 @@ StepStatus Engine::decode(std::span<const SeqId> seqs, std::span<const int32_t> 
     if (!seen.insert(seqs[i]).second) fail("engine: sequence ", seqs[i], " appears twice in one decode batch");
     if (tokens[i] < 0 || tokens[i] >= c.vocab_size)
       fail("engine: token id ", tokens[i], " out of range [0, ", c.vocab_size, ")");
-    if (s.n_tokens + 1 > c.max_seq_len) return StepStatus::kContextFull;
+    if (s.n_tokens + 1 > opts_.max_tokens) return StepStatus::kContextFull;
     blocks_needed += store_->blocks_needed(seqs[i], 1);
   }
   if (blocks_needed > store_->free_blocks()) return StepStatus::kOutOfBlocks;

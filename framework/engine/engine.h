@@ -18,7 +18,8 @@
 // few rows (decode), OpenBLAS sgemm for many (prefill). Weights stay in their stored dtype.
 //
 // Contract: a sequence's tokens are fed in order (prefill and decode may alternate); a call that
-// would pass the model's max_seq_len returns kContextFull and changes nothing; one that finds
+// would pass EngineOptions::max_tokens (default the model's max_seq_len) returns kContextFull
+// and changes nothing; one that finds
 // no free KV block returns kOutOfBlocks: decode then changes nothing, prefill keeps the chunks
 // fed before the one that found no room (n_tokens() says how far it got). Bad token ids, unknown sequences and a
 // batch naming one sequence twice throw kvlab::Error. The Engine keeps a reference to the Model,
@@ -56,8 +57,13 @@ PolicyModelShape policy_shape(const ModelConfig& config);
 struct EngineOptions {
   int threads = 0;               // 0 = all cores
   int block_size_tokens = 16;
-  size_t kv_budget_bytes = 0;    // 0 = room for max_seq_len tokens x max_batch
+  size_t kv_budget_bytes = 0;    // 0 = room for max_tokens tokens x max_batch
   int max_batch = 1;             // sizes the default KV budget (decode takes any batch size)
+  // Most tokens one sequence may take; 0 = the model's max_seq_len (then options() reports it).
+  // Past max_seq_len the model sees RoPE positions it was not trained on -- what a StreamingLLM
+  // experiment shows for dense and window attention -- while rope_at_cache_position policies
+  // keep every position inside their cache. Sizes the default KV budget with max_batch.
+  int64_t max_tokens = 0;
   int prefill_chunk_tokens = 256;
   bool probe = false;            // attention recall / output error probes (below)
   int probe_every = 16;          // probe every N-th decode step of a sequence

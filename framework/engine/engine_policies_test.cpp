@@ -111,3 +111,41 @@ TEST(EnginePolicies, FullPolicyIsExactlyNoPolicy) {
 
 }  // namespace
 }  // namespace kvlab
+
+namespace kvlab {
+namespace {
+
+// EngineOptions::max_tokens: a sequence may pass the model's max_seq_len (StreamingLLM's
+// setting); the default stops it there; the limit returns kContextFull and changes nothing.
+TEST(EnginePolicies, MaxTokensLetsSequencesPassTheModelContext) {
+  const ModelConfig c = small_config();  // max_seq_len 256
+  auto model = make_random_model(c, DType::kF32, 5);
+  PolicyRegistry registry = make_builtin_registry();
+  for (const char* policy : {"", "sinks"}) {
+    SCOPED_TRACE(std::string("policy '") + policy + "'");
+    for (int64_t max_tokens : {int64_t{0}, int64_t{600}}) {
+      EngineOptions o;
+      o.threads = 1;
+      o.block_size_tokens = 8;
+      o.max_tokens = max_tokens;
+      Engine e(*model, o);
+      const int64_t limit = max_tokens ? max_tokens : c.max_seq_len;
+      EXPECT_EQ(e.options().max_tokens, limit);
+      const std::map<std::string, ParamValue> params = {{"sinks", int64_t{2}}, {"recent", int64_t{30}}};
+      SeqId s = e.start_sequence(*policy ? registry.create(policy, params, policy_shape(c)) : nullptr);
+      std::vector<float> lg;
+      ASSERT_EQ(e.prefill(s, tokens(100, 3), lg), StepStatus::kOk);
+      const auto cont = tokens(int(limit - 100), 4);
+      for (int32_t t : cont) ASSERT_EQ(e.decode(std::span(&s, 1), std::span(&t, 1), lg), StepStatus::kOk);
+      for (float v : lg) ASSERT_TRUE(std::isfinite(v));
+      EXPECT_EQ(e.n_tokens(s), limit);
+      int32_t t = 1;
+      EXPECT_EQ(e.decode(std::span(&s, 1), std::span(&t, 1), lg), StepStatus::kContextFull);
+      EXPECT_EQ(e.n_tokens(s), limit);
+      if (*policy) EXPECT_LE(e.kv().resident_tokens(s, 0, 0), 32);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace kvlab

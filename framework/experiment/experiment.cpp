@@ -220,7 +220,9 @@ void parse_kv(const Reader& r, const YAML::Node& node, KvSpec& kv) {
 }
 
 void parse_engine(const Reader& r, const YAML::Node& node, EngineSpec& e) {
-  r.expect_map(node, "engine", {"prefill_chunk", "probe", "probe_every", "probe_layers"});
+  r.expect_map(node, "engine", {"prefill_chunk", "probe", "probe_every", "probe_layers", "max_tokens"});
+  if (node["max_tokens"])
+    e.max_tokens = r.get_int(node["max_tokens"], "engine.max_tokens", 1, (int64_t{1} << 31) - 1);
   if (node["prefill_chunk"])
     e.prefill_chunk_tokens = int(r.get_int(node["prefill_chunk"], "engine.prefill_chunk", 1, 1 << 20));
   if (node["probe"]) e.probe = r.get_bool(node["probe"], "engine.probe");

@@ -11,7 +11,7 @@
 //   name: str                         optional, default: the file's stem
 //   model: {path, dtype: keep|f32|f16|bf16|q8_0, threads: int (0 = all cores), tokenizer: path}
 //   kv: {block_size: int, budget_bytes: int | "64MiB" (0 = room for the model's max_seq_len)}
-//   engine: {prefill_chunk: int, probe: bool, probe_every: int, probe_layers: [int]}
+//   engine: {prefill_chunk: int, probe: bool, probe_every: int, probe_layers: [int], max_tokens: int}
 //   policies: [{name, type, params: {key: scalar | [scalars]}}]   lists expand as a grid
 //   plugins: [path.so]
 //   seeds: [int]                      default [0]
@@ -71,6 +71,7 @@ struct EngineSpec {
   bool probe = true;   // attention recall / output error against full attention
   int probe_every = 1; // probe every N-th decode step
   std::vector<int> probe_layers;  // layers probed; empty = the engine's default (first, middle, last)
+  int64_t max_tokens = 0;  // most tokens per sequence; 0 = the model's max_seq_len (EngineOptions)
 };
 
 // One entry of `policies:` as written (before grid expansion). A parameter holds one value or a

@@ -301,7 +301,6 @@ TEST_F(RunE2e, ChunkedAndSlidingPerplexityMatchTheirDefinitions) {
   std::ifstream in(haystack_file());
   std::stringstream text;
   text << in.rdbuf();
-  const int vocab = model->config.vocab_size;
   EngineOptions eo;
   eo.threads = 1;
   Engine engine(*model, eo);

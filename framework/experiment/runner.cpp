@@ -387,17 +387,22 @@ int run_experiment(const ExperimentSpec& spec, const RunOptions& o) {
   const Tokenizer& tokenizer = *model->tokenizer;
 
   // Sizes the model cannot hold are errors now, not after an hour of other cells.
+  const int64_t max_tokens = spec.engine.max_tokens > 0 ? spec.engine.max_tokens : config.max_seq_len;
+  const std::string limit = spec.engine.max_tokens > 0
+                                ? str_cat("engine.max_tokens (", max_tokens, ")")
+                                : str_cat("the model's context (", max_tokens, " tokens; engine.max_tokens raises it)");
   if (spec.niah.enabled)
     for (size_t i = 0; i < spec.niah.context_lengths.size(); ++i)
-      if (spec.niah.context_lengths[i] + spec.niah.max_answer_tokens > config.max_seq_len)
+      if (spec.niah.context_lengths[i] + spec.niah.max_answer_tokens > max_tokens)
         fail(spec.niah.ref.str(), ".context_lengths[", i, "]: ", spec.niah.context_lengths[i],
-             " + max_answer_tokens ", spec.niah.max_answer_tokens, " exceeds the model's context (",
-             config.max_seq_len, " tokens)");
+             " + max_answer_tokens ", spec.niah.max_answer_tokens, " exceeds ", limit);
   if (spec.perplexity.enabled) {
     const auto& p = spec.perplexity;
-    const int window = p.protocol == PplProtocol::kChunked ? p.n_ctx : p.protocol == PplProtocol::kSliding ? p.window : 0;
-    if (window > config.max_seq_len)
-      fail(p.ref.str(), ": window of ", window, " tokens exceeds the model's context (", config.max_seq_len, " tokens)");
+    // (streaming runs until the limit and records where it stopped)
+    const int64_t window = p.protocol == PplProtocol::kChunked   ? p.n_ctx
+                           : p.protocol == PplProtocol::kSliding ? p.window
+                                                                 : 0;
+    if (window > max_tokens) fail(p.ref.str(), ": window of ", window, " tokens exceeds ", limit);
   }
 
   // Inputs, tokenized once.
@@ -492,6 +497,7 @@ int run_experiment(const ExperimentSpec& spec, const RunOptions& o) {
   eo.probe = spec.engine.probe;
   eo.probe_every = spec.engine.probe_every;
   eo.probe_layers = spec.engine.probe_layers;
+  eo.max_tokens = spec.engine.max_tokens;
   eo.device = o.device;
   eo.device_dtype = o.device_dtype;
   for (size_t i = 0; i < eo.probe_layers.size(); ++i)
