@@ -73,9 +73,11 @@ std::string describe(const Config& c) {
 }
 
 // Prefill chunk, then decode steps.
-const std::vector<int> kSchedule = [] {
+const std::vector<int> kSchedule = [] {  // a prefill chunk, decode, a second chunk, decode
   std::vector<int> s = {13};
-  for (int i = 0; i < 60; ++i) s.push_back(1);
+  for (int i = 0; i < 30; ++i) s.push_back(1);
+  s.push_back(11);
+  for (int i = 0; i < 30; ++i) s.push_back(1);
   return s;
 }();
 

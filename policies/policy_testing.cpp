@@ -131,6 +131,31 @@ std::string check_selection(const KeySelection& sel, const LayerStep& step) {
   return "";
 }
 
+std::string check_prefill_mask(const PolicyNeeds& needs, const KeySelection& sel, const LayerStep& step) {
+  if (!needs.prefill_mask || step.n_new < 2) return "";
+  const PositionMask m = *needs.prefill_mask;
+  const LayerCacheView& c = *step.cache;
+  for (int r = 0; r < step.n_new; ++r) {
+    const int64_t i = step.positions[r];
+    for (int h = 0; h < step.shape.n_kv_heads; ++h) {
+      std::vector<uint8_t> selected(c.n_slots(), sel.all ? 1 : 0);
+      if (!sel.all)
+        for (const SlotRange& rg : sel.list(r, h))
+          for (int s = rg.begin; s < rg.end; ++s) selected[s] = 1;
+      for (int s = 0; s < c.n_slots(); ++s) {
+        if (!c.slot_valid(s, h)) continue;
+        const int64_t j = c.slot_position(s, h);
+        const bool reads = selected[s] && j <= i;
+        const bool allowed = j <= i && (m.window <= 0 || j < m.sinks || i - j < m.window);
+        if (reads != allowed)
+          return str_cat("prefill_mask {window ", m.window, ", sinks ", m.sinks, "} promised, but row ", r,
+                         " (position ", i, ") head ", h, (reads ? " reads" : " skips"), " key position ", j);
+      }
+    }
+  }
+  return "";
+}
+
 PolicySimulator::Step PolicySimulator::step(AttentionPolicy& policy, int n_new) {
   const PolicyModelShape sh = shape();
   const int H = o_.n_heads, Hkv = o_.n_kv_heads, d = o_.head_dim, G = H / Hkv;
@@ -160,6 +185,8 @@ PolicySimulator::Step PolicySimulator::step(AttentionPolicy& policy, int n_new) 
     sel.select_all();
     policy.select(ls, sel);
     if (std::string e = check_selection(sel, ls); !e.empty())
+      res.violations.push_back(str_cat("layer ", layer, ": ", e));
+    if (std::string e = check_prefill_mask(needs, sel, ls); !e.empty())
       res.violations.push_back(str_cat("layer ", layer, ": ", e));
     // Plain-loop attention over the selection (valid, causal), with key mass.
     const int n_slots = cache.n_slots();

@@ -95,6 +95,9 @@ std::vector<float> dense_reference(const SimOptions& o, uint64_t seed, int layer
 // "" when `sel` is well formed for `step` (explicit lists sorted, disjoint, non-empty ranges in
 // [0, n_slots), every selected slot causal for its row); else a description.
 std::string check_selection(const KeySelection& sel, const LayerStep& step);
+// "" unless needs.prefill_mask is set and a row of this multi-row step reads a valid causal key
+// the mask forbids, or skips one it allows (the promise of policy.h PolicyNeeds::prefill_mask).
+std::string check_prefill_mask(const PolicyNeeds& needs, const KeySelection& sel, const LayerStep& step);
 
 float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b);
 

@@ -24,6 +24,7 @@ class SinksPolicy final : public AttentionPolicy {
   PolicyNeeds needs() const override {
     PolicyNeeds n;
     n.rope_at_cache_position = cache_positions_;
+    n.prefill_mask = PositionMask{recent_ + 1, sinks_};  // j < S or i - j <= R (select below)
     return n;
   }
 

@@ -18,6 +18,13 @@ class SlidingWindowPolicy final : public AttentionPolicy {
   SlidingWindowPolicy(int64_t window, bool plus_one, bool evict)
       : mask_{window, plus_one}, evict_(evict) {}
 
+  PolicyNeeds needs() const override {
+    PolicyNeeds n;
+    // row i reads first_readable(i) <= j <= i: i - j < W (plus_one: W + 1)
+    n.prefill_mask = PositionMask{mask_.window + (mask_.plus_one ? 1 : 0), 0};
+    return n;
+  }
+
   void select(const LayerStep& step, KeySelection& out) override {
     const CacheScan scan(*step.cache, step.shape.n_kv_heads);
     out.begin(step.n_new, step.shape.n_kv_heads);

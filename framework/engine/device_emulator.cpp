@@ -16,6 +16,7 @@
 #include "framework/engine/linear.h"
 #include "framework/engine/ops.h"
 #include "framework/engine/thread_pool.h"
+#include "kernels/common/masks.h"
 #include "kernels/cpu/attention.h"
 
 namespace kvlab {
@@ -119,10 +120,29 @@ class EmulatedExecutor final : public DeviceExecutor {
 
   bool has_prefill_kernel() const override { return prefill_kernel_; }
 
+  // Every row reads the launch's lists filtered by the mask at its position (as the kernel).
   void prefill(const PrefillLaunch& l) override {
-    std::vector<int64_t> q_pos(l.q_pos.begin(), l.q_pos.end());
-    attend(l.table, 0, l.selection, 0, q_.data() + size_t(l.row0) * qd_, q_pos.data(), l.n_rows, l.rope_at_read,
-           att_.data() + size_t(l.row0) * qd_, nullptr);
+    const WindowSinkMask mask{l.mask.window, l.mask.sinks, false};
+    for (int r = 0; r < l.n_rows; ++r) {
+      SelectionArrays row;
+      row.indptr.assign(1, 0);
+      for (int h = 0; h < c_.n_kv_heads; ++h) {
+        for (int32_t i = l.selection.indptr[h]; i < l.selection.indptr[h + 1]; ++i)
+          for (int32_t s = l.selection.ranges[i].begin; s < l.selection.ranges[i].end; ++s) {
+            const int32_t pos = pos_pages_[view(l.table).slot_meta_offset(0, s, h)];
+            if (pos >= 0 && !mask(l.q_pos[r], pos)) continue;  // holes stay: attention skips them
+            if (!row.ranges.empty() && int(row.ranges.size()) > row.indptr.back() && row.ranges.back().end == s)
+              ++row.ranges.back().end;
+            else
+              row.ranges.push_back({s, s + 1});
+          }
+        row.indptr.push_back(static_cast<int32_t>(row.ranges.size()));
+        row.list_slots.push_back(l.selection.list_slots[h]);
+      }
+      const int64_t q_pos = l.q_pos[r];
+      attend(l.table, 0, row, 0, q_.data() + size_t(l.row0 + r) * qd_, &q_pos, 1, l.rope_at_read,
+             att_.data() + size_t(l.row0 + r) * qd_, nullptr);
+    }
   }
 
   void read_attention(float* att) override { std::memcpy(att, att_.data(), att_.size() * sizeof(float)); }

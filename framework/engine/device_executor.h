@@ -20,6 +20,7 @@
 
 #include "framework/engine/device_plan.h"
 #include "framework/model/model.h"
+#include "framework/policy/policy.h"
 #include "kernels/cpu/rope.h"
 
 namespace kvlab {
@@ -57,13 +58,15 @@ struct DecodeLaunch {
 };
 
 // One prefill chunk on the tensor-core kernel: rows [row0, row0 + n_rows) of one request, every
-// row reading the same lists (selection has n_kv lists), causal by position.
+// row reading the same lists (selection has n_kv lists) intersected with `mask` at its position
+// (policy.h PositionMask; window 0 = causal only), holes skipped.
 struct PrefillLaunch {
   BlockTableArrays table;  // one request
   SelectionArrays selection;
   std::vector<int32_t> q_pos;  // [n_rows]
   int row0 = 0, n_rows = 0;
   bool rope_at_read = false;
+  PositionMask mask;
 };
 
 struct DeviceExecutorConfig {

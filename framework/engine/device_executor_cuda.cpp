@@ -374,6 +374,7 @@ void CudaExecutor<T>::prefill(const PrefillLaunch& launch) {
     p.q_pos = q_pos_.data();
     p.kv_pos = pool_->positions(0);
     p.scale = 1.f / std::sqrt(static_cast<float>(c_.head_dim));
+    p.mask = WindowSinkMask{launch.mask.window, launch.mask.sinks, false};
     p.out = att_.data() + size_t(launch.row0) * qd_;
     if (launch.rope_at_read) {
       p.key_rope_pos = ranks_.data();

@@ -206,23 +206,28 @@ void PlannedForward::run_decode(std::span<Group* const> members, int layer, bool
   }
 }
 
-// A prefill chunk: the tensor-core kernel when the executor has it, every row reads the same
-// lists and no key mass is asked; else its rows as decode requests.
+// A prefill chunk on the tensor-core kernel when the executor has it, no key mass is asked and
+// the rows' selections are one pattern: the policy's prefill_mask over the whole cache, or the
+// same lists for every row. Otherwise its rows run as decode requests.
 void PlannedForward::run_prefill(Group& g, int layer) {
-  const bool rope_at_read = g.seq->needs.rope_at_cache_position;
-  if (!exec_->has_prefill_kernel() || g.seq->needs.key_attention_mass || !rows_share_lists(g.selection)) {
+  const PolicyNeeds& needs = g.seq->needs;
+  const bool masked = needs.prefill_mask.has_value();
+  if (!exec_->has_prefill_kernel() || needs.key_attention_mass || (!masked && !rows_share_lists(g.selection))) {
     Group* one = &g;
-    run_decode(std::span<Group* const>(&one, 1), layer, rope_at_read);
+    run_decode(std::span<Group* const>(&one, 1), layer, needs.rope_at_cache_position);
     return;
   }
   const LayerKv kv = store(e_).layer(g.seq->id, layer);
   PrefillLaunch launch;
   launch.table.add(kv);
-  launch.selection.add_row(g.selection, 0, c_.n_kv_heads, kv.n_slots);
+  KeySelection all;
+  all.select_all();
+  launch.selection.add_row(masked ? all : g.selection, 0, c_.n_kv_heads, kv.n_slots);
+  if (masked) launch.mask = *needs.prefill_mask;
   for (int r = 0; r < g.n_rows; ++r) launch.q_pos.push_back(static_cast<int32_t>(g.positions[r]));
   launch.row0 = g.row0;
   launch.n_rows = g.n_rows;
-  launch.rope_at_read = rope_at_read;
+  launch.rope_at_read = needs.rope_at_cache_position;
   exec_->prefill(launch);
 }
 

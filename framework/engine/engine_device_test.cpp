@@ -60,7 +60,9 @@ std::vector<std::pair<std::string, std::map<std::string, ParamValue>>> acting_po
           {"sinks", {{"sinks", int64_t{2}}, {"recent", int64_t{10}}}},
           {"h2o", {{"units", std::string("tokens")}, {"recent", 6.0}, {"heavy", 5.0}}},
           {"landmark", {{"chunk_size", int64_t{8}}, {"top_k", int64_t{2}}, {"window", int64_t{12}},
-                        {"prefill", std::string("select")}}}};
+                        {"prefill", std::string("select")}}},
+          {"sliding_window", {{"window", int64_t{9}}, {"plus_one", true}, {"mode", std::string("mask")}}},
+          {"sinks", {{"sinks", int64_t{3}}, {"recent", int64_t{7}}, {"rope_positions", std::string("original")}}}};
 }
 
 struct Trace {

@@ -142,7 +142,9 @@ TEST(EnginePolicies, MaxTokensLetsSequencesPassTheModelContext) {
       int32_t t = 1;
       EXPECT_EQ(e.decode(std::span(&s, 1), std::span(&t, 1), lg), StepStatus::kContextFull);
       EXPECT_EQ(e.n_tokens(s), limit);
-      if (*policy) EXPECT_LE(e.kv().resident_tokens(s, 0, 0), 32);
+      if (*policy) {
+        EXPECT_LE(e.kv().resident_tokens(s, 0, 0), 32);
+      }
     }
   }
 }

@@ -401,7 +401,11 @@ class WindowPolicy : public AttentionPolicy {
 class SinkPolicy : public AttentionPolicy {
  public:
   SinkPolicy(int s, int r) : s_(s), r_(r) {}
-  PolicyNeeds needs() const override { return {false, true}; }
+  PolicyNeeds needs() const override {
+    PolicyNeeds n;
+    n.rope_at_cache_position = true;
+    return n;
+  }
   void after_attention(const LayerStep& step, const StepStats&, Evictions& out) override {
     const LayerCacheView& cv = *step.cache;
     for (int h = 0; h < step.shape.n_kv_heads; ++h) {

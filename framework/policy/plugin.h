@@ -26,7 +26,7 @@ namespace kvlab {
 class PolicyFactory;
 }
 
-inline constexpr uint32_t kKvlabPolicyApiVersion = 1;
+inline constexpr uint32_t kKvlabPolicyApiVersion = 2;  // 2: PolicyNeeds::prefill_mask
 inline constexpr const char* kKvlabPolicyPluginSymbol = "kvlab_policy_plugin";
 
 extern "C" {

@@ -48,6 +48,14 @@ struct PolicyModelShape {
   int max_seq_len = 0;  // the model's training context
 };
 
+// A position mask of the attention kernels' form (kernels/common/masks.h WindowSinkMask): the
+// query at position i reads key position j iff j <= i and (window <= 0 or j < sinks or
+// i - j < window).
+struct PositionMask {
+  int64_t window = 0;
+  int64_t sinks = 0;
+};
+
 // What the kernels must compute for this policy.
 struct PolicyNeeds {
   // StepStats::key_mass: per KV head and slot, sum over the step's rows and the group's query
@@ -57,6 +65,12 @@ struct PolicyNeeds {
   // (StreamingLLM's "positions within the cache"); the query gets position = number of cached
   // tokens before it. False: keys are rotated once, at their original text position.
   bool rope_at_cache_position = false;
+  // A promise: in a multi-row step (a prefill chunk) every row selects exactly the valid cached
+  // keys this mask allows at its position, and nothing else. The GPU then runs the chunk on its
+  // tensor-core prefill kernel with the mask instead of per-row lists (framework/engine/
+  // device_forward.h); the emulated device executes the mask, so the engine device tests catch
+  // a broken promise. Unset: no promise (per-row lists are used).
+  std::optional<PositionMask> prefill_mask;
 };
 
 // Read-only view of one layer's cache of one sequence, as the policy sees it.
