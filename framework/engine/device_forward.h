@@ -13,8 +13,9 @@
 //         appends them to the host store and asks the policy for its selection
 //   GPU:  pages the host renumbered (compaction) or evicted in are re-uploaded, new rows
 //         appended; attention over the selections (decode: FlashDecoding, one launch for the
-//         batch; prefill: the tensor-core kernel when every row reads the same lists and no key
-//         mass is needed, else each row as its own decode request); key mass when asked
+//         batch; prefill: the tensor-core kernel when every row reads the same lists, or the
+//         policy's prefill_mask, and no key mass is needed, else each row as its own decode
+//         request); key mass when asked
 //   host: Engine::end_attention (statistics, probes, policy observation, evictions)
 //   GPU:  x += Wo att; x += W_down(silu(W_gate h) * W_up h); logits = lm_head RMSNorm(x).
 // The device work is a DeviceExecutor (device_executor.h); this file's implementation
