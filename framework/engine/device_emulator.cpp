@@ -18,11 +18,10 @@
 #include "framework/engine/thread_pool.h"
 #include "kernels/common/masks.h"
 #include "kernels/cpu/attention.h"
+#include "kernels/cpu/rope.h"
 
 namespace kvlab {
 namespace {
-
-Matrix as_matrix(const WeightView& w) { return Matrix{w.dtype, w.rows, w.cols, w.data}; }
 
 class EmulatedExecutor final : public DeviceExecutor {
  public:
@@ -123,13 +122,14 @@ class EmulatedExecutor final : public DeviceExecutor {
   // Every row reads the launch's lists filtered by the mask at its position (as the kernel).
   void prefill(const PrefillLaunch& l) override {
     const WindowSinkMask mask{l.mask.window, l.mask.sinks, false};
+    const PagedKvView<const float> arena = view(l.table);
     for (int r = 0; r < l.n_rows; ++r) {
       SelectionArrays row;
       row.indptr.assign(1, 0);
       for (int h = 0; h < c_.n_kv_heads; ++h) {
         for (int32_t i = l.selection.indptr[h]; i < l.selection.indptr[h + 1]; ++i)
           for (int32_t s = l.selection.ranges[i].begin; s < l.selection.ranges[i].end; ++s) {
-            const int32_t pos = pos_pages_[view(l.table).slot_meta_offset(0, s, h)];
+            const int32_t pos = pos_pages_[arena.slot_meta_offset(0, s, h)];
             if (pos >= 0 && !mask(l.q_pos[r], pos)) continue;  // holes stay: attention skips them
             if (!row.ranges.empty() && int(row.ranges.size()) > row.indptr.back() && row.ranges.back().end == s)
               ++row.ranges.back().end;
@@ -150,14 +150,14 @@ class EmulatedExecutor final : public DeviceExecutor {
   void finish_layer(int layer) override {
     const LayerWeights& w = m_.layers[layer];
     std::vector<float> o(size_t(n_) * c_.dim);
-    linear(pool_, att_.data(), n_, {{as_matrix(w.wo), o.data(), nullptr}}, scratch_);
+    linear(pool_, att_.data(), n_, {{w.wo, o.data(), nullptr}}, scratch_);
     add_inplace(x_.data(), o.data(), int64_t(o.size()));
     norm(w.ffn_norm);
     std::vector<float> gate(size_t(n_) * c_.hidden_dim), up(gate.size());
-    linear(pool_, h_.data(), n_, {{as_matrix(w.w_gate), gate.data(), nullptr}, {as_matrix(w.w_up), up.data(), nullptr}},
+    linear(pool_, h_.data(), n_, {{w.w_gate, gate.data(), nullptr}, {w.w_up, up.data(), nullptr}},
            scratch_);
     swiglu(gate.data(), up.data(), int64_t(gate.size()));
-    linear(pool_, gate.data(), n_, {{as_matrix(w.w_down), o.data(), nullptr}}, scratch_);
+    linear(pool_, gate.data(), n_, {{w.w_down, o.data(), nullptr}}, scratch_);
     add_inplace(x_.data(), o.data(), int64_t(o.size()));
   }
 
@@ -165,7 +165,7 @@ class EmulatedExecutor final : public DeviceExecutor {
     std::vector<float> h(size_t(m) * c_.dim);
     for (int r = 0; r < m; ++r)
       rms_norm(x_.data() + size_t(row0 + r) * c_.dim, m_.final_norm.data(), c_.dim, c_.rms_eps, h.data() + size_t(r) * c_.dim);
-    linear(pool_, h.data(), m, {{as_matrix(m_.lm_head), out, nullptr}}, scratch_);
+    linear(pool_, h.data(), m, {{m_.lm_head, out, nullptr}}, scratch_);
   }
 
  private:
@@ -247,22 +247,20 @@ class EmulatedExecutor final : public DeviceExecutor {
       rms_norm(x_.data() + size_t(r) * c_.dim, weight.data(), c_.dim, c_.rms_eps, h_.data() + size_t(r) * c_.dim);
   }
   void matmul(const WeightView& w, const std::vector<float>& bias, float* y) {
-    linear(pool_, h_.data(), n_, {{as_matrix(w), y, bias.empty() ? nullptr : bias.data()}}, scratch_);
+    linear(pool_, h_.data(), n_, {{w, y, bias.empty() ? nullptr : bias.data()}}, scratch_);
   }
-  // RoPE of x [n_heads, hd] at `pos` (the CUDA kernel's formula: angles in double, cos/sin float).
+  // RoPE of x [n_heads, hd] at `pos` (the CUDA kernel's angles: pos * inv_freq in double,
+  // cos/sin rounded to float).
   void rotate(float* x, int n_heads, int32_t pos) const {
-    const int hd = c_.head_dim, half = hd / 2;
-    const bool neox = c_.rope_style == RopeStyle::kNeox;
-    for (int h = 0; h < n_heads; ++h)
-      for (int i = 0; i < half; ++i) {
-        const double angle = double(pos) * inv_freq_[i];
-        const float co = static_cast<float>(std::cos(angle)), si = static_cast<float>(std::sin(angle));
-        float* v = x + size_t(h) * hd;
-        const int ia = neox ? i : 2 * i, ib = neox ? i + half : 2 * i + 1;
-        const float a = v[ia], b = v[ib];
-        v[ia] = a * co - b * si;
-        v[ib] = a * si + b * co;
-      }
+    const int half = c_.head_dim / 2;
+    std::vector<float> co(half), si(half);
+    for (int i = 0; i < half; ++i) {
+      const double angle = double(pos) * inv_freq_[i];
+      co[i] = static_cast<float>(std::cos(angle));
+      si[i] = static_cast<float>(std::sin(angle));
+    }
+    const RopeLayout layout = c_.rope_style == RopeStyle::kNeox ? RopeLayout::kNeox : RopeLayout::kInterleaved;
+    for (int h = 0; h < n_heads; ++h) rope_rotate_head(x + size_t(h) * c_.head_dim, c_.head_dim, layout, co.data(), si.data());
   }
 
   ThreadPool pool_;

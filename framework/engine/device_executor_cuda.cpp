@@ -10,7 +10,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <type_traits>
 #include <vector>
 
@@ -31,26 +30,12 @@ namespace {
 
 using cuda::DeviceBuffer;
 
-// fp32 -> bf16 rounding to nearest even (NaN stays NaN), as the device's conversions.
-__nv_bfloat16 bf16_from_float(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof u);
-  if ((u & 0x7fffffffu) > 0x7f800000u) {
-    u = 0x7fc00000u;
-  } else {
-    u += 0x7fffu + ((u >> 16) & 1u);
-  }
-  __nv_bfloat16_raw raw;
-  raw.x = static_cast<unsigned short>(u >> 16);
-  return __nv_bfloat16(raw);
-}
-
 template <class T>
 T from_float(float f) {
   if constexpr (std::is_same_v<T, float>) {
     return f;
   } else {
-    return bf16_from_float(f);
+    return __float2bfloat16_rn(f);  // nearest even, as the device's conversions
   }
 }
 
@@ -94,20 +79,6 @@ DeviceBuffer<T> upload_weight(const WeightView& w) {
 }
 
 DeviceBuffer<float> upload_vector(const std::vector<float>& v) { return DeviceBuffer<float>(v); }
-
-template <class T>
-PagedKvView<const T> as_const(const PagedKvView<T>& v) {
-  PagedKvView<const T> c;
-  c.page_size = v.page_size;
-  c.num_kv_heads = v.num_kv_heads;
-  c.head_dim = v.head_dim;
-  c.k_data = v.k_data;
-  c.v_data = v.v_data;
-  c.indptr = v.indptr;
-  c.indices = v.indices;
-  c.last_page_len = v.last_page_len;
-  return c;
-}
 
 template <class T>
 class CudaExecutor final : public DeviceExecutor {
@@ -241,7 +212,7 @@ void CudaExecutor<T>::ensure_rows(int n) {
 template <class T>
 PagedKvView<const T> CudaExecutor<T>::view(const BlockTableArrays& table) {
   table_.upload(table.indptr, table.indices, table.last_page_len);
-  return as_const(pool_->template layer<T>(0, table_));
+  return pool_->template layer<T>(0, table_).as_const();
 }
 
 template <class T>
@@ -415,13 +386,7 @@ void CudaExecutor<T>::logits(int row0, int m, float* out) {
 }  // namespace
 
 std::string cuda_device_summary() {
-  int n = 0;
-  const cudaError_t err = cudaGetDeviceCount(&n);
-  if (err != cudaSuccess) {
-    (void)cudaGetLastError();
-    return str_cat("no usable CUDA GPU (", cudaGetErrorString(err), ")");
-  }
-  if (n == 0) return "no CUDA GPU found";
+  if (const std::string why = cuda::no_device_reason(); !why.empty()) return why;
   cudaDeviceProp prop{};
   KVLAB_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
   char gib[32];
@@ -429,14 +394,7 @@ std::string cuda_device_summary() {
   return str_cat(prop.name, " (sm_", prop.major, prop.minor, ", ", gib, " GiB)");
 }
 
-bool cuda_device_available() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return false;
-  }
-  return n > 0;
-}
+bool cuda_device_available() { return cuda::device_count() > 0; }
 
 std::unique_ptr<DeviceExecutor> make_cuda_executor(const DeviceExecutorConfig& config) {
   if (!cuda_device_available()) fail("device cuda: ", cuda_device_summary(), "; use device cpu");

@@ -20,14 +20,13 @@
 #include "framework/core/error.h"
 #include "framework/engine/device_executor.h"
 #include "framework/engine/device_plan.h"
+#include "kernels/common/attention_limits.h"
 
 namespace kvlab {
 namespace {
 
 using engine_detail::Group;
 
-// The decode kernel's limits (kernels/cuda/decode_attention.h), checked before any work.
-constexpr int kDeviceMaxGroup = 8;
 constexpr int kMaxGridDim = 65535;  // CUDA's limit on grid y and z
 
 class PlannedForward final : public DeviceForward {
@@ -242,11 +241,11 @@ std::unique_ptr<DeviceForward> DeviceForward::create(Engine& engine) {
   if (o.device_launch_rows <= 0) fail("device ", o.device, ": device_launch_rows must be > 0");
   if (o.device_dtype != "bf16" && o.device_dtype != "f32")
     fail("device ", o.device, ": device dtype must be bf16 or f32, got '", o.device_dtype, "'");
-  if (c.head_dim != 64 && c.head_dim != 128)
+  if (!attention_head_dim_supported(c.head_dim))
     fail("device ", o.device, ": the attention kernels take head_dim 64 or 128; this model has ",
          c.head_dim, " (use device cpu)");
-  if (c.n_heads / c.n_kv_heads > kDeviceMaxGroup)
-    fail("device ", o.device, ": the decode kernel takes up to ", kDeviceMaxGroup,
+  if (c.n_heads / c.n_kv_heads > kAttentionMaxQueryGroup)
+    fail("device ", o.device, ": the decode kernel takes up to ", kAttentionMaxQueryGroup,
          " query heads per KV head; this model has ", c.n_heads / c.n_kv_heads, " (use device cpu)");
   DeviceExecutorConfig ec;
   ec.model = &model(engine);

@@ -38,14 +38,11 @@ void BlockTableArrays::clear() {
   last_page_len.clear();
 }
 
-void BlockTableArrays::add(const LayerKv& kv, int repeat) {
+void BlockTableArrays::add(const LayerKv& kv) {
   const int pages = pages_in_use(kv);
-  const int last = pages == 0 ? 0 : kv.n_slots - (pages - 1) * kv.view.page_size;
-  for (int i = 0; i < repeat; ++i) {
-    for (int p = 0; p < pages; ++p) indices.push_back(block_of(kv, p));
-    indptr.push_back(static_cast<int32_t>(indices.size()));
-    last_page_len.push_back(last);
-  }
+  for (int p = 0; p < pages; ++p) indices.push_back(block_of(kv, p));
+  indptr.push_back(static_cast<int32_t>(indices.size()));
+  last_page_len.push_back(pages == 0 ? 0 : kv.n_slots - (pages - 1) * kv.view.page_size);
 }
 
 void SelectionArrays::clear() {

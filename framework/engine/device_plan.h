@@ -23,9 +23,9 @@ struct BlockTableArrays {
 
   void clear();
   int batch() const { return static_cast<int>(last_page_len.size()); }
-  // Adds `repeat` requests, each the first ceil(n_slots / page_size) blocks of kv's table (the
-  // blocks holding its slots; reserved ones past them are left out).
-  void add(const LayerKv& kv, int repeat = 1);
+  // Adds a request: the first ceil(n_slots / page_size) blocks of kv's table (the blocks holding
+  // its slots; reserved ones past them are left out).
+  void add(const LayerKv& kv);
 };
 
 // Selection lists of a batch: per request, n_kv_heads lists (list = request * n_kv_heads + h),

@@ -86,9 +86,9 @@ TEST_P(DevicePlan, TablesMetadataAndDataMirrorTheHostStore) {
     t.add(kvs[0]);
     t.add(kvs[1]);
     expect_table_reads_host(t, kvs);
-    // replicated requests (prefill rows as requests) read the same pages
+    // the same request several times (prefill rows as requests) reads the same pages
     BlockTableArrays rep;
-    rep.add(kvs[1], 3);
+    for (int i = 0; i < 3; ++i) rep.add(kvs[1]);
     expect_table_reads_host(rep, {kvs[1], kvs[1], kvs[1]});
 
     // metadata and data scattered into device-shaped arrays

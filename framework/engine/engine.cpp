@@ -46,8 +46,6 @@ std::vector<LayerProbeStats> empty_layer_probes(int n_layers) {
   return v;
 }
 
-Matrix as_matrix(const WeightView& w) { return Matrix{w.dtype, w.rows, w.cols, w.data}; }
-
 RopeConfig rope_config(const ModelConfig& c) {
   RopeConfig r;
   r.layout = c.rope_style == RopeStyle::kNeox ? RopeLayout::kNeox : RopeLayout::kInterleaved;
@@ -400,9 +398,9 @@ void Engine::forward(std::span<Group> groups, std::span<const int32_t> tokens,
     // attention block
     for (int r = 0; r < n_rows; ++r) rms_norm(x + r * dim, w.attn_norm.data(), dim, c.rms_eps, h + r * dim);
     linear(pool_, h, n_rows,
-           {{as_matrix(w.wq), sc.q.data(), w.bq.empty() ? nullptr : w.bq.data()},
-            {as_matrix(w.wk), sc.k.data(), w.bk.empty() ? nullptr : w.bk.data()},
-            {as_matrix(w.wv), sc.v.data(), w.bv.empty() ? nullptr : w.bv.data()}},
+           {{w.wq, sc.q.data(), w.bq.empty() ? nullptr : w.bq.data()},
+            {w.wk, sc.k.data(), w.bk.empty() ? nullptr : w.bk.data()},
+            {w.wv, sc.v.data(), w.bv.empty() ? nullptr : w.bv.data()}},
            sc.linear);
     for (Group& g : groups) {
       const size_t qo = static_cast<size_t>(g.row0) * qd, kvo = static_cast<size_t>(g.row0) * kvd;
@@ -410,7 +408,7 @@ void Engine::forward(std::span<Group> groups, std::span<const int32_t> tokens,
       cpu_attention(g, l, sc.q.data() + qo, sc.att.data() + qo);
       end_attention(g, l, sc.att.data() + qo);
     }
-    linear(pool_, sc.att.data(), n_rows, {{as_matrix(w.wo), sc.tmp.data(), nullptr}}, sc.linear);
+    linear(pool_, sc.att.data(), n_rows, {{w.wo, sc.tmp.data(), nullptr}}, sc.linear);
     add_inplace(x, sc.tmp.data(), static_cast<int64_t>(n_rows) * dim);
     // feed-forward block, kFfnRows rows at a time (bounds the [rows, hidden] buffers)
     for (int r0 = 0; r0 < n_rows; r0 += kFfnRows) {
@@ -418,10 +416,10 @@ void Engine::forward(std::span<Group> groups, std::span<const int32_t> tokens,
       float* xr = x + static_cast<size_t>(r0) * dim;
       for (int r = 0; r < nr; ++r) rms_norm(xr + r * dim, w.ffn_norm.data(), dim, c.rms_eps, h + r * dim);
       linear(pool_, h, nr,
-             {{as_matrix(w.w_gate), sc.gate.data(), nullptr}, {as_matrix(w.w_up), sc.up.data(), nullptr}},
+             {{w.w_gate, sc.gate.data(), nullptr}, {w.w_up, sc.up.data(), nullptr}},
              sc.linear);
       swiglu(sc.gate.data(), sc.up.data(), static_cast<int64_t>(nr) * c.hidden_dim);
-      linear(pool_, sc.gate.data(), nr, {{as_matrix(w.w_down), sc.tmp.data(), nullptr}}, sc.linear);
+      linear(pool_, sc.gate.data(), nr, {{w.w_down, sc.tmp.data(), nullptr}}, sc.linear);
       add_inplace(xr, sc.tmp.data(), static_cast<int64_t>(nr) * dim);
     }
   }
@@ -430,7 +428,7 @@ void Engine::forward(std::span<Group> groups, std::span<const int32_t> tokens,
   for (int i = 0; i < n_out; ++i)
     rms_norm(x + static_cast<size_t>(logit_rows[i]) * dim, model_.final_norm.data(), dim, c.rms_eps,
              h + static_cast<size_t>(i) * dim);
-  linear(pool_, h, n_out, {{as_matrix(model_.lm_head), logits, nullptr}}, sc.linear);
+  linear(pool_, h, n_out, {{model_.lm_head, logits, nullptr}}, sc.linear);
 }
 
 // Phase 1 of one sequence's attention in one layer (engine.h). q: [n_rows, n_heads, hd] and

@@ -24,9 +24,9 @@ constexpr int kQ8BlockBytes = static_cast<int>(sizeof(BlockQ8_0));
 
 namespace {
 
-float weight_at(const Matrix& w, int64_t r, int64_t c) {
+float weight_at(const WeightView& w, int64_t r, int64_t c) {
   const uint8_t* row = w.row(r);
-  switch (w.type) {
+  switch (w.dtype) {
     case DType::kF32: return reinterpret_cast<const float*>(row)[c];
     case DType::kF16: return fp16_to_fp32(reinterpret_cast<const uint16_t*>(row)[c]);
     case DType::kBF16: return bf16_to_fp32(reinterpret_cast<const uint16_t*>(row)[c]);
@@ -42,11 +42,11 @@ float weight_at(const Matrix& w, int64_t r, int64_t c) {
 
 }  // namespace
 
-void dequantize_rows(const Matrix& w, int64_t row_begin, int64_t row_end, float* out) {
-  for (int64_t r = row_begin; r < row_end; ++r) to_float(w.type, w.row(r), out + (r - row_begin) * w.cols, w.cols);
+void dequantize_rows(const WeightView& w, int64_t row_begin, int64_t row_end, float* out) {
+  for (int64_t r = row_begin; r < row_end; ++r) to_float(w.dtype, w.row(r), out + (r - row_begin) * w.cols, w.cols);
 }
 
-void linear_reference(const Matrix& w, const float* x, int64_t n, float* y, int64_t row_begin,
+void linear_reference(const WeightView& w, const float* x, int64_t n, float* y, int64_t row_begin,
                       int64_t row_end) {
   for (int64_t t = 0; t < n; ++t)
     for (int64_t r = row_begin; r < row_end; ++r) {
@@ -168,14 +168,14 @@ inline void dot_rows_any(DType type, const uint8_t* const* rows, const float* x,
   }
 }
 
-void check_matrix(const Matrix& w) {
-  if (w.type == DType::kQ8_0 && w.cols % kQ8BlockSize != 0)
+void check_matrix(const WeightView& w) {
+  if (w.dtype == DType::kQ8_0 && w.cols % kQ8BlockSize != 0)
     fail("q8_0 weight with ", w.cols, " columns: q8_0 needs a multiple of 32");
 }
 
 }  // namespace
 
-void matvec_rows(const Matrix& w, const float* x, int64_t n, float* y, int64_t row_begin,
+void matvec_rows(const WeightView& w, const float* x, int64_t n, float* y, int64_t row_begin,
                  int64_t row_end) {
   constexpr int kR = 4;
   int64_t r = row_begin;
@@ -183,13 +183,13 @@ void matvec_rows(const Matrix& w, const float* x, int64_t n, float* y, int64_t r
     const uint8_t* rows[kR] = {w.row(r), w.row(r + 1), w.row(r + 2), w.row(r + 3)};
     for (int64_t t = 0; t < n; ++t) {
       float out[kR];
-      dot_rows_any<kR>(w.type, rows, x + t * w.cols, w.cols, out);
+      dot_rows_any<kR>(w.dtype, rows, x + t * w.cols, w.cols, out);
       std::memcpy(y + t * w.rows + r, out, sizeof(out));
     }
   }
   for (; r < row_end; ++r) {
     const uint8_t* rows[1] = {w.row(r)};
-    for (int64_t t = 0; t < n; ++t) dot_rows_any<1>(w.type, rows, x + t * w.cols, w.cols, y + t * w.rows + r);
+    for (int64_t t = 0; t < n; ++t) dot_rows_any<1>(w.dtype, rows, x + t * w.cols, w.cols, y + t * w.rows + r);
   }
 }
 
@@ -219,7 +219,7 @@ void linear_slice(const LinearJob& j, const float* x, int64_t n, int64_t r0, int
                   std::vector<float>& panel) {
   if (n < kGemmMinTokens) {
     matvec_rows(j.w, x, n, j.y, r0, r1);
-  } else if (j.w.type == DType::kF32) {
+  } else if (j.w.dtype == DType::kF32) {
     sgemm_xwt(x, n, reinterpret_cast<const float*>(j.w.row(r0)), r1 - r0, j.w.cols, j.y + r0,
               j.w.rows, 1);
   } else {

@@ -37,31 +37,20 @@ inline constexpr int kGemmMinTokens = 8;
 // Calls touching fewer weight bytes (x tokens) than this run on the calling thread alone.
 inline constexpr size_t kMinParallelBytes = size_t{128} << 10;
 
-// A weight matrix as the kernels see it (the engine makes one from a model's WeightView).
-struct Matrix {
-  DType type = DType::kF32;
-  int64_t rows = 0, cols = 0;
-  const void* data = nullptr;
-  size_t row_bytes() const { return dtype_bytes(type, cols); }
-  const uint8_t* row(int64_t r) const {
-    return static_cast<const uint8_t*>(data) + static_cast<size_t>(r) * row_bytes();
-  }
-};
-
 // Writes rows [row_begin, row_end) of W as fp32 into out[(row_end-row_begin), cols].
-void dequantize_rows(const Matrix& w, int64_t row_begin, int64_t row_end, float* out);
+void dequantize_rows(const WeightView& w, int64_t row_begin, int64_t row_end, float* out);
 
 // Plain-loop reference: y[t, r] for r in [row_begin, row_end), every token t < n.
-void linear_reference(const Matrix& w, const float* x, int64_t n, float* y, int64_t row_begin,
+void linear_reference(const WeightView& w, const float* x, int64_t n, float* y, int64_t row_begin,
                       int64_t row_end);
 
 // The fast per-token kernel over a row range (one thread's share).
-void matvec_rows(const Matrix& w, const float* x, int64_t n, float* y, int64_t row_begin,
+void matvec_rows(const WeightView& w, const float* x, int64_t n, float* y, int64_t row_begin,
                  int64_t row_end);
 
 // One output of a fused multi-matrix call: y[n, w.rows] (+ bias[w.rows] when non-null).
 struct LinearJob {
-  Matrix w;
+  WeightView w;
   float* y = nullptr;
   const float* bias = nullptr;
 };

@@ -18,7 +18,7 @@ namespace {
 
 struct Stored {
   std::vector<uint8_t> bytes;
-  Matrix m;
+  WeightView m;
 };
 
 // Random weights stored in `type` (the reference then reads the same stored values).
@@ -44,7 +44,7 @@ Stored make_matrix(DType type, int64_t rows, int64_t cols, std::mt19937& rng) {
       quantize_q8_0(f.data(), reinterpret_cast<BlockQ8_0*>(s.bytes.data()), rows * cols);
       break;
   }
-  s.m = Matrix{type, rows, cols, s.bytes.data()};
+  s.m = WeightView{type, rows, cols, s.bytes.data()};
   return s;
 }
 
@@ -139,7 +139,7 @@ TEST(Linear, Q8RejectsColsNotMultipleOf32) {
   std::vector<uint8_t> bytes(64);
   std::vector<float> x(40), y(1);
   LinearScratch scratch;
-  EXPECT_THROW(linear(pool, x.data(), 1, {{Matrix{DType::kQ8_0, 1, 40, bytes.data()}, y.data(), nullptr}}, scratch),
+  EXPECT_THROW(linear(pool, x.data(), 1, {{WeightView{DType::kQ8_0, 1, 40, bytes.data()}, y.data(), nullptr}}, scratch),
                Error);
 }
 

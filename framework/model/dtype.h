@@ -43,4 +43,18 @@ void to_float(DType dtype, const void* src, float* dst, int64_t n);
 // Encodes n float32 values as `dtype` at dst (dtype_bytes(dtype, n) bytes).
 void from_float(DType dtype, const float* src, void* dst, int64_t n);
 
+// A weight matrix as stored: row-major [rows, cols] (rows = output features), any DType; data
+// points into an mmap or an owned buffer held by the Model. Rows are contiguous: row r starts at
+// data + r * dtype_bytes(dtype, cols) (Q8_0: cols is a multiple of 32). The dense-layer kernels
+// (framework/engine/linear.h) take it as is.
+struct WeightView {
+  DType dtype = DType::kF32;
+  int64_t rows = 0, cols = 0;
+  const void* data = nullptr;
+  size_t row_bytes() const { return dtype_bytes(dtype, cols); }
+  const uint8_t* row(int64_t r) const {
+    return static_cast<const uint8_t*>(data) + static_cast<size_t>(r) * row_bytes();
+  }
+};
+
 }  // namespace kvlab

@@ -75,18 +75,6 @@ struct ModelConfig {
 // Computed in double, rounded once to float.
 std::vector<float> rope_inv_freq(const ModelConfig& config);
 
-// A weight matrix as stored: row-major [rows, cols] (rows = output features), any DType; data
-// points into an mmap or an owned buffer held by the Model. Rows are contiguous: row r starts at
-// data + r * dtype_bytes(dtype, cols) (Q8_0: cols is a multiple of 32).
-struct WeightView {
-  DType dtype = DType::kF32;
-  int64_t rows = 0, cols = 0;
-  const void* data = nullptr;
-  size_t row_bytes() const { return dtype_bytes(dtype, cols); }
-  const void* row(int64_t r) const {
-    return static_cast<const std::byte*>(data) + static_cast<size_t>(r) * row_bytes();
-  }
-};
 // Row r of w as float32 (out[cols]).
 void weight_row_to_float(const WeightView& w, int64_t r, float* out);
 // The whole matrix as float32 [rows * cols] (tests, references; not for the hot path).

@@ -50,6 +50,10 @@ struct PagedKvView {
   KVLAB_HD size_t slot_meta_offset(int b, int slot, int head_idx) const {
     return meta_offset(indices[indptr[b] + slot / page_size], head_idx, slot % page_size);
   }
+  // The same view, read-only (what the attention kernels take).
+  KVLAB_HD PagedKvView<const T> as_const() const {
+    return {page_size, num_kv_heads, head_dim, k_data, v_data, indptr, indices, last_page_len};
+  }
   KVLAB_HD size_t page_elems() const {
     return static_cast<size_t>(num_kv_heads) * page_size * head_dim;
   }

@@ -23,6 +23,7 @@
 
 #include <cstdint>
 
+#include "kernels/common/attention_limits.h"
 #include "kernels/common/key_selection.h"
 #include "kernels/common/masks.h"
 #include "kernels/common/paged_kv.h"
@@ -56,7 +57,7 @@ struct DecodeParams {
 
 // Tile of keys a CTA holds in shared memory at once (keys_per_split is a multiple of it).
 inline constexpr int kDecodeTileKeys = 32;
-inline constexpr int kDecodeMaxGroup = 8;  // G = num_qo_heads / num_kv_heads <= 8
+inline constexpr int kDecodeMaxGroup = kAttentionMaxQueryGroup;  // G = num_qo_heads / num_kv_heads
 
 struct DecodePlan {
   int max_keys = 0;        // most selected keys of any list this step
