@@ -14,11 +14,11 @@
 #include "framework/engine/engine.h"
 #include "framework/engine/random_model.h"
 #include "policies/builtin.h"
+#include "policies/policy_testing.h"
 
 namespace kvlab {
 namespace {
 
-using Params = std::map<std::string, ParamValue>;
 
 PolicyRegistry& registry() {
   static PolicyRegistry r = [] {
@@ -183,43 +183,9 @@ std::vector<float> masked_reference(const Model& m, const std::vector<int32_t>& 
 
 // ---- configurations -------------------------------------------------------------------------
 
-struct Config {
-  std::string policy;
-  Params params;
-};
-
-std::vector<Config> budgeted_configs() {
-  std::vector<Config> out = {
-      {"sliding_window", {{"window", int64_t(9)}}},
-      {"sliding_window", {{"window", int64_t(9)}, {"plus_one", true}}},
-      {"sliding_window", {{"window", int64_t(9)}, {"mode", std::string("mask")}}},
-      {"strided", {{"stride", int64_t(6)}}},
-      {"strided", {{"stride", int64_t(5)}, {"global", int64_t(2)}, {"combine", std::string("alternate_head")}}},
-      {"strided", {{"pattern", std::string("fixed")}, {"stride", int64_t(8)}, {"summary", int64_t(2)}}},
-      {"strided", {{"pattern", std::string("fixed")}, {"stride", int64_t(8)}, {"summary", int64_t(3)},
-                   {"global", int64_t(1)}, {"evict", true}, {"combine", std::string("alternate_layer")}}},
-      {"sinks", {{"sinks", int64_t(4)}, {"recent", int64_t(10)}}},
-      {"sinks", {{"sinks", int64_t(2)}, {"recent", int64_t(7)}, {"rope_positions", std::string("original")}}},
-      {"h2o", {{"heavy", 0.2}, {"recent", 0.1}}},
-      {"h2o", {{"units", std::string("tokens")}, {"heavy", 8.0}, {"recent", 4.0}, {"sinks", int64_t(2)}}},
-      {"landmark", {{"chunk_size", int64_t(8)}, {"top_k", int64_t(2)}, {"window", int64_t(12)}}},
-      {"landmark", {{"chunk_size", int64_t(4)}, {"top_k", int64_t(3)}, {"window", int64_t(6)},
-                    {"landmark", std::string("bounds")}, {"prefill", std::string("select")}}},
-      {"knorm", {{"keep", 0.2}, {"recent", 0.1}, {"sinks", int64_t(2)}}},
-  };
-  for (const std::string& n : registry().names()) {
-    bool seen = false;
-    for (const auto& c : out) seen |= c.policy == n;
-    if (!seen) out.push_back({n, {}});
-  }
-  return out;
-}
-
-std::string describe(const Config& c) {
-  std::string s = c.policy + "{";
-  for (const auto& [k, v] : c.params) s += k + "=" + to_string(v) + " ";
-  return s + "}";
-}
+using Config = testing::PolicyConfig;
+using testing::describe;
+std::vector<Config> budgeted_configs() { return testing::acting_policy_configs(registry().names()); }
 
 std::unique_ptr<AttentionPolicy> make(const Config& c) {
   return registry().create(c.policy, c.params, policy_shape(tiny_model().config));

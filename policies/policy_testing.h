@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -98,6 +99,16 @@ std::string check_selection(const KeySelection& sel, const LayerStep& step);
 // "" unless needs.prefill_mask is set and a row of this multi-row step reads a valid causal key
 // the mask forbids, or skips one it allows (the promise of policy.h PolicyNeeds::prefill_mask).
 std::string check_prefill_mask(const PolicyNeeds& needs, const KeySelection& sel, const LayerStep& step);
+
+// A policy and raw parameters for the conformance suites: settings under which each built-in
+// policy (and the example plugin, knorm) evicts or selects within a few dozen tokens, `full`
+// first, then every other name of `registered` with its defaults.
+struct PolicyConfig {
+  std::string policy;
+  std::map<std::string, ParamValue> params;
+};
+std::vector<PolicyConfig> acting_policy_configs(const std::vector<std::string>& registered);
+std::string describe(const PolicyConfig& c);  // "policy{key=value ...}"
 
 float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b);
 
