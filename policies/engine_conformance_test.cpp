@@ -84,15 +84,7 @@ std::vector<float> run_logits(Engine& e, std::unique_ptr<AttentionPolicy> p,
   return all;
 }
 
-float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  if (a.size() != b.size()) return INFINITY;
-  float m = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (std::isnan(a[i]) || std::isnan(b[i])) return INFINITY;
-    m = std::max(m, std::fabs(a[i] - b[i]));
-  }
-  return m;
-}
+using testing::max_abs_diff;
 
 // ---- independent reference: token-by-token double forward pass under a mask ------------------
 

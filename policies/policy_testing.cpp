@@ -326,7 +326,10 @@ std::vector<float> dense_reference(const SimOptions& o, uint64_t seed, int layer
 float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
   if (a.size() != b.size()) return std::numeric_limits<float>::infinity();
   float m = 0.f;
-  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::fabs(a[i] - b[i]));
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (std::isnan(a[i]) || std::isnan(b[i])) return std::numeric_limits<float>::infinity();
+    m = std::max(m, std::fabs(a[i] - b[i]));
+  }
   return m;
 }
 

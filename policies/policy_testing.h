@@ -110,6 +110,7 @@ struct PolicyConfig {
 std::vector<PolicyConfig> acting_policy_configs(const std::vector<std::string>& registered);
 std::string describe(const PolicyConfig& c);  // "policy{key=value ...}"
 
+// max |a - b|; infinity for a size mismatch or any NaN.
 float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b);
 
 }  // namespace kvlab::testing
