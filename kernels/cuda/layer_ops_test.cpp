@@ -53,6 +53,16 @@ TEST_F(LayerOpsGpu, RmsNorm) {
   }
 }
 
+// x [pos.size(), heads, d] rotated by the rope kernel.
+std::vector<float> rope_on_device(const std::vector<float>& x, const std::vector<int32_t>& pos,
+                                  const std::vector<double>& inv_freq, int heads, int d, RopePairs pairs) {
+  DeviceBuffer<float> dx(x);
+  DeviceBuffer<double> dinv(inv_freq);
+  DeviceBuffer<int32_t> dpos(pos);
+  rope(dx.data(), dpos.data(), dinv.data(), static_cast<int>(pos.size()), heads, d, pairs);
+  return dx.download();
+}
+
 TEST_F(LayerOpsGpu, RopeBothPairings) {
   std::mt19937 rng(2);
   const int n = 5, heads = 3, d = 64;
@@ -60,11 +70,7 @@ TEST_F(LayerOpsGpu, RopeBothPairings) {
   const std::vector<double> inv = rope_inv_freq(500000.0, d);
   for (RopePairs pairs : {RopePairs::kInterleaved, RopePairs::kNeox}) {
     const auto x = random_normal(rng, size_t(n) * heads * d);
-    DeviceBuffer<float> dx(x);
-    DeviceBuffer<double> dinv(inv);
-    DeviceBuffer<int32_t> dpos(pos);
-    rope(dx.data(), dpos.data(), dinv.data(), n, heads, d, pairs);
-    const auto y = dx.download();
+    const auto y = rope_on_device(x, pos, inv, heads, d, pairs);
     for (int t = 0; t < n; ++t) {
       for (int h = 0; h < heads; ++h) {
         for (int i = 0; i < d / 2; ++i) {
@@ -91,11 +97,7 @@ TEST_F(LayerOpsGpu, RopeNegativePositionLeavesTheRowUnchanged) {
   const std::vector<double> inv = rope_inv_freq(10000.0, d);
   for (RopePairs pairs : {RopePairs::kInterleaved, RopePairs::kNeox}) {
     const auto x = random_normal(rng, size_t(n) * heads * d);
-    DeviceBuffer<float> dx(x);
-    DeviceBuffer<double> dinv(inv);
-    DeviceBuffer<int32_t> dpos(pos);
-    rope(dx.data(), dpos.data(), dinv.data(), n, heads, d, pairs);
-    const auto y = dx.download();
+    const auto y = rope_on_device(x, pos, inv, heads, d, pairs);
     for (int t = 0; t < n; ++t) {
       const size_t row = size_t(t) * heads * d;
       bool changed = false;
