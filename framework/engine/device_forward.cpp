@@ -141,7 +141,7 @@ PageUpdate PlannedForward::plan_pages(std::span<Group> groups, int layer) {
       append_page_positions(kv, u.meta_pages, u.meta);
       m.meta_stale = false;
     }
-    if (g.seq->needs.rope_at_cache_position) append_page_values(kv, g.key_rope_pos.data(), u.rank_pages, u.ranks);
+    if (g.seq->needs.rope_at_cache_position) append_page_values(kv, g.seq->key_rope_pos.data(), u.rank_pages, u.ranks);
     u.append_table.add(kv);
     for (int r = 0; r < g.n_rows; ++r) {
       u.append_request.push_back(static_cast<int32_t>(i));
@@ -153,7 +153,7 @@ PageUpdate PlannedForward::plan_pages(std::span<Group> groups, int layer) {
 }
 
 // Every row of `members` as a request of the decode kernel, with its own lists and position
-// (exact for any per-row selection); key mass summed over each member's rows into g.key_mass.
+// (exact for any per-row selection); key mass summed over each member's rows into g.seq->key_mass.
 // At most EngineOptions::device_launch_rows requests per launch (and batch x n_kv within the
 // grid's 65535: the kernel's grid has that many CTAs in one dimension; its score workspace grows
 // with the batch), so a long prefill chunk run this way takes several launches.
@@ -179,7 +179,7 @@ void PlannedForward::run_decode(std::span<Group* const> members, int layer, bool
       const int r = requests[i].row;
       const LayerKv kv = st.layer(g->seq->id, layer);
       launch.table.add(kv);
-      launch.selection.add_row(g->selection, g->selection.all ? 0 : r, nkv, kv.n_slots);
+      launch.selection.add_row(g->seq->selection, g->seq->selection.all ? 0 : r, nkv, kv.n_slots);
       launch.q_pos.push_back(static_cast<int32_t>(g->positions[r]));
       launch.rows.push_back(g->row0 + r);
       stride = std::max(stride, kv.n_slots);
@@ -198,9 +198,9 @@ void PlannedForward::run_decode(std::span<Group* const> members, int layer, bool
     KVLAB_CHECK(sums.size() == mass_groups.size(), "device decode returned ", sums.size(), " key mass sums");
     for (size_t i = 0; i < mass_groups.size(); ++i) {  // added: a group may span launches
       Group& g = *mass_groups[i];
-      const int n_slots = static_cast<int>(g.key_mass.size()) / nkv;
+      const int n_slots = static_cast<int>(g.seq->key_mass.size()) / nkv;
       for (int h = 0; h < nkv; ++h)
-        for (int s = 0; s < n_slots; ++s) g.key_mass[size_t(h) * n_slots + s] += sums[i][size_t(h) * stride + s];
+        for (int s = 0; s < n_slots; ++s) g.seq->key_mass[size_t(h) * n_slots + s] += sums[i][size_t(h) * stride + s];
     }
   }
 }
@@ -211,7 +211,7 @@ void PlannedForward::run_decode(std::span<Group* const> members, int layer, bool
 void PlannedForward::run_prefill(Group& g, int layer) {
   const PolicyNeeds& needs = g.seq->needs;
   const bool masked = needs.prefill_mask.has_value();
-  if (!exec_->has_prefill_kernel() || needs.key_attention_mass || (!masked && !rows_share_lists(g.selection))) {
+  if (!exec_->has_prefill_kernel() || needs.key_attention_mass || (!masked && !rows_share_lists(g.seq->selection))) {
     Group* one = &g;
     run_decode(std::span<Group* const>(&one, 1), layer, needs.rope_at_cache_position);
     return;
@@ -221,7 +221,7 @@ void PlannedForward::run_prefill(Group& g, int layer) {
   launch.table.add(kv);
   KeySelection all;
   all.select_all();
-  launch.selection.add_row(masked ? all : g.selection, 0, c_.n_kv_heads, kv.n_slots);
+  launch.selection.add_row(masked ? all : g.seq->selection, 0, c_.n_kv_heads, kv.n_slots);
   if (masked) launch.mask = *needs.prefill_mask;
   for (int r = 0; r < g.n_rows; ++r) launch.q_pos.push_back(static_cast<int32_t>(g.positions[r]));
   launch.row0 = g.row0;

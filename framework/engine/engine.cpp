@@ -447,8 +447,8 @@ void Engine::begin_attention(Group& g, int layer, float* q, float* k, const floa
       std::find(opts_.probe_layers.begin(), opts_.probe_layers.end(), layer) != opts_.probe_layers.end();
   g.probing = s.probing_step && g.probe_layer;
   if (g.probing) {  // the dense reference uses original positions: the query at its text position
-    g.q_probe.assign(q, q + qd);
-    if (cache_pos || !text_rope_done) rope_->apply(g.q_probe.data(), nh, g.positions[0]);
+    g.seq->q_probe.assign(q, q + qd);
+    if (cache_pos || !text_rope_done) rope_->apply(g.seq->q_probe.data(), nh, g.positions[0]);
   }
   if (cache_pos) {
     // query of row r, head h: rotated to (live tokens of its KV head before this call) + r
@@ -480,15 +480,15 @@ void Engine::begin_attention(Group& g, int layer, float* q, float* k, const floa
   step.queries = std::span<const float>(q, static_cast<size_t>(g.n_rows) * qd);
   step.cache = &store_->cache_view(s.id, layer);
   step.shape = policy_shape(c);
-  g.selection.select_all();
-  if (s.policy) s.policy->select(step, g.selection);
+  g.seq->selection.select_all();
+  if (s.policy) s.policy->select(step, g.seq->selection);
 
   const LayerKv kv = store_->layer(s.id, layer);
   if (cache_pos) {
-    g.key_rope_pos.resize(static_cast<size_t>(kv.n_slots) * nkv);
-    cache_rank_positions(kv, g.key_rope_pos.data());
+    g.seq->key_rope_pos.resize(static_cast<size_t>(kv.n_slots) * nkv);
+    cache_rank_positions(kv, g.seq->key_rope_pos.data());
   }
-  if (s.needs.key_attention_mass) g.key_mass.assign(static_cast<size_t>(nkv) * kv.n_slots, 0.f);
+  if (s.needs.key_attention_mass) g.seq->key_mass.assign(static_cast<size_t>(nkv) * kv.n_slots, 0.f);
 }
 
 // Phase 2 on the CPU: attention of the group's rows over its selection.
@@ -505,13 +505,13 @@ void Engine::cpu_attention(Group& g, int layer, const float* q, float* out) {
   a.head_dim = hd;
   a.q_positions = g.positions.data();
   a.kv = kv;
-  a.selection = g.selection.all ? nullptr : &g.selection;
+  a.selection = g.seq->selection.all ? nullptr : &g.seq->selection;
   a.scale = 1.f / std::sqrt(static_cast<float>(hd));
   if (s.needs.rope_at_cache_position) {
-    a.key_rope_pos = g.key_rope_pos.data();
+    a.key_rope_pos = g.seq->key_rope_pos.data();
     a.rope = &cache_rope_;
   }
-  if (s.needs.key_attention_mass) a.key_mass = g.key_mass.data();
+  if (s.needs.key_attention_mass) a.key_mass = g.seq->key_mass.data();
   a.out = out;
   // The attention kernels thread with OpenMP (its own team, outside our pool's jobs). Short
   // attention (decode at short contexts, tiny models) stays on this thread: a fork-join costs
@@ -528,7 +528,7 @@ bool Engine::end_attention(Group& g, int layer, const float* out) {
   Scratch& sc = *scratch_;
   Sequence& s = *g.seq;
   const int nkv = c.n_kv_heads;
-  const KeySelection& sel = g.selection;
+  const KeySelection& sel = g.seq->selection;
   const LayerKv kv = store_->layer(s.id, layer);
   if (g.decode) {
     // keys read per KV head (= per query head, averaged) vs the budget
@@ -551,12 +551,12 @@ bool Engine::end_attention(Group& g, int layer, const float* out) {
     s.step_achieved += achieved / nkv;
     s.step_set += budget < 0 ? static_cast<double>(n_seen) : static_cast<double>(std::min(budget, n_seen));
   }
-  if (g.probing) probe_layer(g, layer, g.q_probe.data(), sel, out);
+  if (g.probing) probe_layer(g, layer, g.seq->q_probe.data(), sel, out);
 
   if (s.policy) {
     StepStats stats;
     stats.n_slots = kv.n_slots;
-    if (s.needs.key_attention_mass) stats.key_mass = g.key_mass;
+    if (s.needs.key_attention_mass) stats.key_mass = g.seq->key_mass;
     sc.evictions.clear(nkv);
     s.policy->after_attention(g.step, stats, sc.evictions);
     if (!sc.evictions.empty()) {

@@ -40,11 +40,16 @@ struct Sequence {
   int64_t probe_samples = 0;
   double recall_sum = 0, recall_min = 1, err_sum = 0, err_max = 0;
   std::vector<LayerProbeStats> layer_probe;  // [n_layers] (only probed layers counted)
+  // The layer being computed (filled by Engine::begin_attention, read by the attention and
+  // Engine::end_attention); kept here so the buffers are reused from step to step.
+  KeySelection selection;             // arrives select_all(); the policy's choice
+  std::vector<float> key_mass;        // [n_kv_heads, n_slots] zeroed when the policy asks
+  std::vector<int32_t> key_rope_pos;  // [n_slots, n_kv_heads] cache ranks (rope_at_cache_position)
+  std::vector<float> q_probe;         // [n_heads, head_dim] query at its text position (probe)
 };
 
-// The rows of one forward call that belong to one sequence, and that sequence's state of the
-// layer being computed (filled by Engine::begin_attention, read by the attention and by
-// Engine::end_attention).
+// The rows of one forward call that belong to one sequence, and the step of the layer being
+// computed (its buffers live in the Sequence).
 struct Group {
   Sequence* seq = nullptr;
   int row0 = 0, n_rows = 0;
@@ -53,10 +58,6 @@ struct Group {
 
   // --- the current layer ---
   LayerStep step;
-  KeySelection selection;             // arrives select_all(); the policy's choice
-  std::vector<float> key_mass;        // [n_kv_heads, n_slots] zeroed when the policy asks
-  std::vector<int32_t> key_rope_pos;  // [n_slots, n_kv_heads] cache ranks (rope_at_cache_position)
-  std::vector<float> q_probe;         // [n_heads, head_dim] query at its text position (probe)
   bool probing = false;               // this layer is probed in this step
   bool probe_layer = false;           // this layer keeps a shadow copy
 };
