@@ -2,7 +2,7 @@
 """Crash-safety torture for `kvlab run`: SIGKILL a small sweep at random points, check, resume.
 
     /usr/bin/python3 scripts/torture.py [--kills 50] [--seed 1] [--kvlab build/bin/kvlab]
-                                        [--quick] [--work DIR] [--keep]
+                                        [--quick] [--points both|time|write] [--work DIR] [--keep]
 
 What it does (only through the command line: run, --resume, report):
   1. Writes a shipped-style experiment (the quickstart's keys, on the bundled model
@@ -10,7 +10,7 @@ What it does (only through the command line: run, --resume, report):
      uninterrupted: the reference file. The same run under scripts/torture_shim.c counts the
      file-changing system calls kvlab makes on the results file (W).
   2. For each of --kills points (reproducible from --seed), starts the sweep afresh and kills it
-     with SIGKILL, alternating between two kinds of point:
+     with SIGKILL, alternating between two kinds of point (--points picks one):
        time   a delay drawn uniformly from [0, 0.95 T] (T = the reference run's wall time),
               mostly landing inside compute, sometimes in model loading, file creation or the
               summaries;
@@ -172,6 +172,8 @@ def main():
     ap.add_argument("--seed", type=int, default=1, help="seed of the kill points (default 1)")
     ap.add_argument("--kvlab", default=os.path.join(ROOT, "build/bin/kvlab"))
     ap.add_argument("--quick", action="store_true", help="a smaller sweep (the test suite's)")
+    ap.add_argument("--points", choices=["both", "time", "write"], default="both",
+                    help="kinds of kill point: alternate both (default), or only one kind")
     ap.add_argument("--work", help="working directory (default: a fresh temporary one)")
     ap.add_argument("--keep", action="store_true", help="keep the working directory")
     args = ap.parse_args()
@@ -218,7 +220,7 @@ def main():
     failures = []
     for i in range(args.kills):
         path = os.path.join(out_dir, f"kill{i:03d}.h5")
-        kind = "write" if i % 2 else "time"
+        kind = args.points if args.points != "both" else ("write" if i % 2 else "time")
         if kind == "time":
             delay = rng.uniform(0, 0.95 * t_ref)
             point = f"time {delay:.2f}s"
