@@ -13,7 +13,7 @@ What it does (only through the command line: run, --resume, report):
      with SIGKILL, alternating between two kinds of point (--points picks one):
        time   a delay drawn uniformly from [0, 0.95 T] (T = the reference run's wall time),
               mostly landing inside compute, sometimes in model loading, file creation or the
-              summaries;
+              summaries (a run that finishes before its timer is started again with a new delay);
        write  just before the k-th of the W file-changing calls (k uniform in [1, W]), through the
               LD_PRELOAD shim: every write, rename and fsync boundary of the results file is a
               candidate, which a timer would almost never hit.
@@ -216,20 +216,28 @@ def main():
           f"{args.kills} kills, seed {args.seed}, work {work}", flush=True)
 
     rng = random.Random(args.seed)
-    identical = landed = 0
+    identical = landed = finished_first = 0
     failures = []
     for i in range(args.kills):
         path = os.path.join(out_dir, f"kill{i:03d}.h5")
         kind = args.points if args.points != "both" else ("write" if i % 2 else "time")
         if kind == "time":
-            delay = rng.uniform(0, 0.95 * t_ref)
-            point = f"time {delay:.2f}s"
-            p = subprocess.Popen(run_cmd(path), stdout=log, stderr=log)
-            try:
-                p.wait(timeout=delay)
-            except subprocess.TimeoutExpired:
-                p.send_signal(signal.SIGKILL)
-                p.wait()
+            # A run faster than the reference (machine load varies) may finish before its
+            # timer: draw another delay, so that every point is a kill.
+            for attempt in range(10):
+                if os.path.exists(path):
+                    os.remove(path)
+                delay = rng.uniform(0, 0.95 * t_ref)
+                point = f"time {delay:.2f}s"
+                p = subprocess.Popen(run_cmd(path), stdout=log, stderr=log)
+                try:
+                    p.wait(timeout=delay)
+                except subprocess.TimeoutExpired:
+                    p.send_signal(signal.SIGKILL)
+                    p.wait()
+                if p.returncode != 0:
+                    break
+                finished_first += 1
         else:
             k = rng.randint(1, n_writes)
             point = f"write {k}/{n_writes}"
@@ -260,8 +268,9 @@ def main():
         if not problems and not args.keep:
             os.remove(path)
     total = time.monotonic() - t_start
-    print(f"torture: {identical}/{args.kills} identical after resume ({landed} kills landed, "
-          f"{args.kills - landed} runs finished first), {total:.0f} s in all", flush=True)
+    print(f"torture: {identical}/{args.kills} identical after resume ({landed} of {args.kills} points "
+          f"killed the run; {finished_first} timed runs finished before their timer and were drawn "
+          f"again), {total:.0f} s in all", flush=True)
     log.close()
     if not failures and not args.keep and not args.work:
         shutil.rmtree(work)
