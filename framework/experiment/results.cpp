@@ -198,11 +198,18 @@ constexpr size_t kImageIncrementBytes = size_t{1} << 20;
 template <class F>
 auto replace_file(const fs::path& path, const std::string& what, bool create, F&& body) {
   H5::Exception::dontPrint();
-  const fs::path partial = partial_path(path);
+  // A symbolic link stays one: the file it points to is replaced (in its own directory).
+  fs::path target = path;
+  std::error_code link_ec;
+  if (fs::is_symlink(path, link_ec)) {
+    const fs::path resolved = fs::canonical(path, link_ec);
+    if (!link_ec) target = resolved;
+  }
+  const fs::path partial = partial_path(target);
   const std::string unchanged = create ? std::string("; no results file was written")
                                        : str_cat("; ", path.string(), " is unchanged (it keeps everything written before)");
   std::optional<ExclusiveFileLock> lock;
-  if (!create) lock.emplace(path);
+  if (!create) lock.emplace(target);
   auto cleanup = [&] {
     std::error_code ec;
     fs::remove(partial, ec);
@@ -210,7 +217,7 @@ auto replace_file(const fs::path& path, const std::string& what, bool create, F&
   try {
     mode_t mode = 0666;  // (less the umask) as HDF5 creates files
     std::vector<char> image;
-    if (!create) image = read_all(path, &mode);
+    if (!create) image = read_all(target, &mode);
     H5::FileAccPropList fapl;
     fapl.setCore(kImageIncrementBytes, /*backing_store=*/false);
     if (!create && H5Pset_file_image(fapl.getId(), image.data(), image.size()) < 0)
@@ -228,9 +235,9 @@ auto replace_file(const fs::path& path, const std::string& what, bool create, F&
       f.close();  // in memory: no I/O
       write_all(partial, image, mode);
       std::error_code ec;
-      fs::rename(partial, path, ec);
+      fs::rename(partial, target, ec);
       if (ec) fail("cannot put ", partial.string(), " in its place: ", ec.message());
-      fsync_path(path.parent_path(), true);
+      fsync_path(target.parent_path(), true);
     };
     if constexpr (std::is_void_v<decltype(body(f))>) {
       body(f);

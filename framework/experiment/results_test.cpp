@@ -194,6 +194,18 @@ TEST(Results, EveryChangeReplacesTheFileWhole) {
   fs::remove_all(path.parent_path());
 }
 
+// A results file reached through a symbolic link: the link stays, its target gets the cell.
+TEST(Results, ASymlinkStaysALink) {
+  const fs::path target = temp_path("target.h5"), link = temp_path("link.h5");
+  ResultsFile::create(target, {}).ensure_run("full", {});
+  fs::create_symlink(target, link);
+  ResultsFile::open(link).write_cell("full", "a", sample_cell());
+  EXPECT_TRUE(fs::is_symlink(link));
+  EXPECT_FALSE(fs::exists(link.string() + ".partial"));
+  EXPECT_EQ(ResultsFile::open(target).complete_cells("full"), std::vector<std::string>{"a"});
+  fs::remove_all(target.parent_path());
+}
+
 // A small tmpfs mounted for one test (needs root or CAP_SYS_ADMIN; the test skips otherwise).
 class ScopedTmpfs {
  public:
