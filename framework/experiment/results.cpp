@@ -1,11 +1,17 @@
 #include "framework/experiment/results.h"
 
 #include <H5Cpp.h>
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <ctime>
+#include <optional>
 #include <thread>
 
 #include "framework/core/error.h"
@@ -42,6 +48,34 @@ H5::H5File open_file(const fs::path& path, unsigned flags) {
   }
 }
 
+// The system errors (errno) HDF5 recorded on its error stack, e.g. "No space left on device",
+// deduplicated: the detail of a C++ H5::Exception names only the API call that failed.
+std::string hdf5_system_errors() {
+  std::vector<std::string> found;
+  H5Ewalk2(
+      H5E_DEFAULT, H5E_WALK_DOWNWARD,
+      [](unsigned, const H5E_error2_t* e, void* data) -> herr_t {
+        auto& out = *static_cast<std::vector<std::string>*>(data);
+        const char* m = e->desc ? std::strstr(e->desc, "error message = '") : nullptr;
+        if (!m) return 0;
+        m += std::strlen("error message = '");
+        const char* end = std::strchr(m, '\'');
+        std::string msg = end ? std::string(m, end) : std::string(m);
+        if (std::find(out.begin(), out.end(), msg) == out.end()) out.push_back(msg);
+        return 0;
+      },
+      &found);
+  std::string out;
+  for (const auto& m : found) out += (out.empty() ? "" : "; ") + m;
+  return out;
+}
+
+[[noreturn]] void fail_hdf5(const fs::path& path, const std::string& what, const H5::Exception& e) {
+  const std::string sys = hdf5_system_errors();
+  fail(path.string(), ": HDF5 error while ", what, ": ", e.getDetailMsg(), sys.empty() ? "" : " (", sys,
+       sys.empty() ? "" : ")");
+}
+
 // Runs `body`, turning HDF5's exceptions into kvlab::Error naming the file and what we did.
 template <class F>
 auto guarded(const fs::path& path, const std::string& what, F&& body) {
@@ -49,7 +83,186 @@ auto guarded(const fs::path& path, const std::string& what, F&& body) {
   try {
     return body();
   } catch (const H5::Exception& e) {
-    fail(path.string(), ": HDF5 error while ", what, ": ", e.getDetailMsg());
+    fail_hdf5(path, what, e);
+  }
+}
+
+// ---- atomic updates ------------------------------------------------------------------------
+// HDF5 has no journal: a process killed (or a disk filling up) in the middle of a write or flush
+// can leave metadata half written and the whole file unreadable. So the file at `path` is never
+// written in place. Every change copies it to PATH.partial, makes the change there, closes and
+// fsyncs the copy and renames it over `path` (atomic on POSIX), then fsyncs the directory. At
+// any instant `path` is the last completely written version; a failure (full disk, a kill)
+// leaves it untouched and at worst a stale PATH.partial, which the next change overwrites.
+// Cost: one copy of the file per change (a results file is small next to a cell's compute), and
+// room for two copies on the disk.
+
+fs::path partial_path(const fs::path& path) { return fs::path(path.string() + ".partial"); }
+
+void fsync_path(const fs::path& p, bool directory) {
+  const int fd = ::open(p.empty() ? "." : p.c_str(), directory ? O_RDONLY | O_DIRECTORY : O_RDONLY);
+  if (fd < 0) fail(p.string(), ": cannot open to sync: ", std::strerror(errno));
+  const int rc = ::fsync(fd);
+  const int err = errno;
+  ::close(fd);
+  // Some file systems cannot sync a directory (EINVAL); the rename is still atomic there.
+  if (rc != 0 && !(directory && (err == EINVAL || err == ENOTSUP)))
+    fail(p.string(), ": fsync failed: ", std::strerror(err));
+}
+
+// The bytes of `path` and its permission bits. Throws naming the file and the system error.
+std::vector<char> read_all(const fs::path& path, mode_t* mode) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) fail(path.string(), ": cannot read: ", std::strerror(errno));
+  struct stat st{};
+  ::fstat(fd, &st);
+  *mode = st.st_mode & 07777;
+  std::vector<char> out(size_t(st.st_size));
+  size_t done = 0;
+  int err = 0;
+  while (done < out.size()) {
+    const ssize_t n = ::read(fd, out.data() + done, out.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) err = errno;
+    if (n <= 0) break;
+    done += size_t(n);
+  }
+  ::close(fd);
+  if (err) fail(path.string(), ": cannot read: ", std::strerror(err));
+  out.resize(done);
+  return out;
+}
+
+// Writes `bytes` to `path` (created or truncated with `mode`), then fsyncs it. Throws naming
+// the file and the system error (a full disk: "No space left on device").
+void write_all(const fs::path& path, const std::vector<char>& bytes, mode_t mode) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
+  if (fd < 0) fail("cannot create ", path.string(), ": ", std::strerror(errno));
+  int err = 0;
+  for (size_t done = 0; done < bytes.size() && !err;) {
+    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno != EINTR) err = errno;
+    if (n > 0) done += size_t(n);
+  }
+  if (!err && ::fsync(fd) != 0) err = errno;
+  if (::close(fd) != 0 && !err) err = errno;
+  if (err) fail("cannot write ", path.string(), ": ", std::strerror(err));
+}
+
+// An exclusive flock on the results file while it is being replaced: a second kvlab writing the
+// same file waits instead of overwriting the first one's change, and HDF5 readers (which take
+// a shared flock on open) wait too. Waits up to kOpenWaitSeconds. Re-checks after locking that
+// `path` still is the file locked (another writer may have renamed a new version over it).
+class ExclusiveFileLock {
+ public:
+  explicit ExclusiveFileLock(const fs::path& path) {
+    const auto start = std::chrono::steady_clock::now();
+    while (true) {
+      fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+      if (fd_ < 0) fail(path.string(), ": cannot open the results file: ", std::strerror(errno));
+      if (::flock(fd_, LOCK_EX | LOCK_NB) == 0) {
+        struct stat locked{}, now{};
+        if (::fstat(fd_, &locked) == 0 && ::stat(path.c_str(), &now) == 0 && locked.st_ino == now.st_ino &&
+            locked.st_dev == now.st_dev)
+          return;
+      } else if (errno != EWOULDBLOCK && errno != EINTR) {
+        return;  // a file system without flock (ENOLCK, ENOSYS): go on unlocked, as HDF5 can be told to
+      }
+      ::close(fd_);
+      fd_ = -1;
+      const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      if (waited > kOpenWaitSeconds)
+        fail(path.string(), ": another process has held the results file for ", int(kOpenWaitSeconds),
+             " s; is a second kvlab writing it?");
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
+  }
+  ~ExclusiveFileLock() {
+    if (fd_ >= 0) ::close(fd_);  // closing releases the flock
+  }
+  ExclusiveFileLock(const ExclusiveFileLock&) = delete;
+  ExclusiveFileLock& operator=(const ExclusiveFileLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
+
+// Writes a new version of `path` through PATH.partial (above). HDF5 works on an in-memory image
+// of the file (the core driver without backing store), so it never touches the disk: all I/O
+// is ours, and a full disk is a clean error from write(2) -- HDF5 1.10 crashes when a file whose
+// close failed for want of space is closed again. `body(H5::H5File&)` changes the image (for
+// `create`, an empty file); the image is written to PATH.partial, fsynced and renamed over
+// `path`. On any error the partial copy is removed and `path` is as before; the error names
+// `path`, `what` and the system error.
+constexpr size_t kImageIncrementBytes = size_t{1} << 20;
+template <class F>
+auto replace_file(const fs::path& path, const std::string& what, bool create, F&& body) {
+  H5::Exception::dontPrint();
+  // A symbolic link stays one: the file it points to is replaced (in its own directory).
+  fs::path target = path;
+  std::error_code link_ec;
+  if (fs::is_symlink(path, link_ec)) {
+    const fs::path resolved = fs::canonical(path, link_ec);
+    if (!link_ec) target = resolved;
+  }
+  const fs::path partial = partial_path(target);
+  const std::string unchanged = create ? std::string("; no results file was written")
+                                       : str_cat("; ", path.string(), " is unchanged (it keeps everything written before)");
+  std::optional<ExclusiveFileLock> lock;
+  if (!create) lock.emplace(target);
+  auto cleanup = [&] {
+    std::error_code ec;
+    fs::remove(partial, ec);
+  };
+  try {
+    mode_t mode = 0666;  // (less the umask) as HDF5 creates files
+    std::vector<char> image;
+    if (!create) image = read_all(target, &mode);
+    H5::FileAccPropList fapl;
+    fapl.setCore(kImageIncrementBytes, /*backing_store=*/false);
+    if (!create && H5Pset_file_image(fapl.getId(), image.data(), image.size()) < 0)
+      fail(path.string(), ": HDF5 cannot take the file's image (", image.size(), " bytes)");
+    // The name only identifies the in-memory file; nothing is written under it (but the core
+    // driver refuses a name that exists on disk, such as a stale PATH.partial).
+    H5::H5File f(path.string() + ".kvlab-in-memory-image", create ? H5F_ACC_TRUNC : H5F_ACC_RDWR, H5::FileCreatPropList::DEFAULT, fapl);
+    auto finish = [&] {
+      f.flush(H5F_SCOPE_GLOBAL);
+      const ssize_t n = H5Fget_file_image(f.getId(), nullptr, 0);
+      if (n < 0) throw H5::FileIException("H5Fget_file_image", "cannot size the file image");
+      image.assign(size_t(n), 0);
+      if (H5Fget_file_image(f.getId(), image.data(), size_t(n)) != n)
+        throw H5::FileIException("H5Fget_file_image", "cannot copy the file image");
+      f.close();  // in memory: no I/O
+      write_all(partial, image, mode);
+      std::error_code ec;
+      fs::rename(partial, target, ec);
+      if (ec) fail("cannot put ", partial.string(), " in its place: ", ec.message());
+      fsync_path(target.parent_path(), true);
+    };
+    if constexpr (std::is_void_v<decltype(body(f))>) {
+      body(f);
+      finish();
+    } else {
+      auto result = body(f);
+      finish();
+      return result;
+    }
+  } catch (const H5::Exception& e) {
+    cleanup();
+    try {
+      fail_hdf5(path, what, e);
+    } catch (const Error& translated) {
+      fail(translated.what(), unchanged);
+    }
+  } catch (const Error& e) {
+    cleanup();
+    const std::string msg = e.what();
+    // Messages naming the file itself (a refused cell) stand; others get the file and the step.
+    if (msg.rfind(path.string() + ":", 0) == 0) fail(msg, unchanged);
+    fail(path.string(), ": while ", what, ": ", msg, unchanged);
+  } catch (...) {
+    cleanup();
+    throw;
   }
 }
 
@@ -242,22 +455,31 @@ bool is_timing_attr(const std::string& name) {
 }
 
 ResultsFile ResultsFile::create(const fs::path& path, const AttrMap& root_attrs) {
-  return guarded(path, "creating the results file", [&] {
-    if (path.has_parent_path()) fs::create_directories(path.parent_path());
-    H5::H5File f(path.string(), H5F_ACC_TRUNC);
+  if (path.has_parent_path()) {
+    std::error_code ec;
+    fs::create_directories(path.parent_path(), ec);
+    if (ec) fail(path.string(), ": cannot create its directory: ", ec.message());
+  }
+  replace_file(path, "creating the results file", /*create=*/true, [&](H5::H5File& f) {
     for (const auto& [k, v] : root_attrs) write_attr(f, k, v);
     write_attr(f, "schema_version", int64_t(kResultsSchemaVersion));
     f.createGroup("runs");
-    f.flush(H5F_SCOPE_GLOBAL);
-    return ResultsFile(path);
   });
+  return ResultsFile(path);
 }
 
 ResultsFile ResultsFile::open(const fs::path& path) {
   if (!fs::exists(path)) fail(path.string(), ": results file not found");
   return guarded(path, "opening the results file", [&] {
     if (!H5::H5File::isHdf5(path.string())) fail(path.string(), ": not an HDF5 file");
-    H5::H5File f = open_file(path, H5F_ACC_RDONLY);
+    H5::H5File f;
+    try {
+      f = open_file(path, H5F_ACC_RDONLY);
+    } catch (const H5::Exception& e) {
+      const std::string sys = hdf5_system_errors();
+      fail(path.string(), ": cannot open it as an HDF5 file (", sys.empty() ? "truncated or damaged?" : sys, "): ",
+           e.getDetailMsg());
+    }
     if (!f.attrExists("schema_version") || !f.nameExists("runs"))
       fail(path.string(), ": not a kvlab results file (no schema_version attribute or /runs group)");
     const AttrValue v = read_attr(f.openAttribute("schema_version"));
@@ -277,22 +499,21 @@ AttrMap ResultsFile::root_attrs() const {
 }
 
 void ResultsFile::set_root_attr(const std::string& name, const AttrValue& value) {
-  guarded(path_, "writing root attribute " + name, [&] {
-    H5::H5File f = open_file(path_, H5F_ACC_RDWR);
-    write_attr(f, name, value);
-    f.flush(H5F_SCOPE_GLOBAL);
-  });
+  replace_file(path_, "writing root attribute " + name, false, [&](H5::H5File& f) { write_attr(f, name, value); });
 }
 
 void ResultsFile::ensure_run(const std::string& run, const AttrMap& attrs) {
-  guarded(path_, "creating run group " + run, [&] {
-    H5::H5File f = open_file(path_, H5F_ACC_RDWR);
+  const bool exists = guarded(path_, "reading run group " + run, [&] {
+    H5::H5File f = open_file(path_, H5F_ACC_RDONLY);
+    return f.openGroup("runs").nameExists(run);
+  });
+  if (exists) return;
+  replace_file(path_, "creating run group " + run, false, [&](H5::H5File& f) {
     H5::Group runs = f.openGroup("runs");
     if (runs.nameExists(run)) return;
     H5::Group g = runs.createGroup(run);
     for (const auto& [k, v] : attrs) write_attr(g, k, v);
     g.createGroup("cells");
-    f.flush(H5F_SCOPE_GLOBAL);
   });
 }
 
@@ -333,8 +554,22 @@ bool ResultsFile::cell_complete(const std::string& run, const std::string& cell)
 }
 
 int ResultsFile::delete_incomplete_cells() {
-  return guarded(path_, "deleting interrupted cells", [&] {
-    H5::H5File f = open_file(path_, H5F_ACC_RDWR);
+  // Files written by this build never hold an incomplete cell (every change replaces the file
+  // whole); older builds' files may. Look first, so a clean file is not rewritten.
+  const bool any = guarded(path_, "looking for interrupted cells", [&] {
+    H5::H5File f = open_file(path_, H5F_ACC_RDONLY);
+    H5::Group runs = f.openGroup("runs");
+    for (const auto& run : child_names(runs)) {
+      H5::Group r = runs.openGroup(run);
+      if (!r.nameExists("cells")) continue;
+      H5::Group cells = r.openGroup("cells");
+      for (const auto& name : child_names(cells))
+        if (!group_complete(cells.openGroup(name))) return true;
+    }
+    return false;
+  });
+  if (!any) return 0;
+  return replace_file(path_, "deleting interrupted cells", false, [&](H5::H5File& f) {
     H5::Group runs = f.openGroup("runs");
     int deleted = 0;
     for (const auto& run : child_names(runs)) {
@@ -347,14 +582,12 @@ int ResultsFile::delete_incomplete_cells() {
           ++deleted;
         }
     }
-    f.flush(H5F_SCOPE_GLOBAL);
     return deleted;
   });
 }
 
 void ResultsFile::write_cell(const std::string& run, const std::string& cell, const CellRecord& record) {
-  guarded(path_, "writing cell " + run + "/" + cell, [&] {
-    H5::H5File f = open_file(path_, H5F_ACC_RDWR);
+  replace_file(path_, "writing cell " + run + "/" + cell, false, [&](H5::H5File& f) {
     H5::Group runs = f.openGroup("runs");
     H5::Group r = ensure_group(runs, run);
     H5::Group cells = ensure_group(r, "cells");
@@ -367,9 +600,9 @@ void ResultsFile::write_cell(const std::string& run, const std::string& cell, co
     for (const auto& [name, ds] : record.datasets) write_dataset(g, name, ds);
     for (const auto& [k, v] : record.attrs)
       if (k != "complete") write_attr(g, k, v);
-    f.flush(H5F_SCOPE_GLOBAL);  // data first ...
+    // The file is replaced whole (replace_file), so a cell is never seen half written; the
+    // mark stays for readers of files from older builds, which wrote in place.
     write_attr(g, "complete", int64_t(1));
-    f.flush(H5F_SCOPE_GLOBAL);  // ... then the mark that says it is all there
   });
 }
 
@@ -389,15 +622,13 @@ CellRecord ResultsFile::read_cell(const std::string& run, const std::string& cel
 
 void ResultsFile::write_summary(const std::string& run, const std::string& group,
                                 const std::map<std::string, Dataset>& datasets, const AttrMap& attrs) {
-  guarded(path_, "writing summary " + run + "/" + group, [&] {
-    H5::H5File f = open_file(path_, H5F_ACC_RDWR);
+  replace_file(path_, "writing summary " + run + "/" + group, false, [&](H5::H5File& f) {
     H5::Group runs = f.openGroup("runs");
     H5::Group r = ensure_group(runs, run);
     if (r.nameExists(group)) r.unlink(group);
     H5::Group g = r.createGroup(group);
     for (const auto& [name, ds] : datasets) write_dataset(g, name, ds);
     for (const auto& [k, v] : attrs) write_attr(g, k, v);
-    f.flush(H5F_SCOPE_GLOBAL);
   });
 }
 

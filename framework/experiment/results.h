@@ -4,15 +4,19 @@
 //                              (YAML text), name, start_time, end_time, host, model_*, tokenizer,
 //                              seeds, cells_total
 //   /runs/RUN                  attributes: policy_name, policy_type, param.KEY (typed), params
-//   /runs/RUN/cells/CELL       one finished unit of work: attributes + datasets; the attribute
-//                              complete = 1 is written LAST, so a group without it is a cell that
-//                              was interrupted (deleted on resume, skipped by readers and merge)
+//   /runs/RUN/cells/CELL       one finished unit of work: attributes + datasets and complete = 1
+//                              (files of older builds, written in place, may hold a group without
+//                              it: an interrupted cell, deleted on resume, skipped by readers)
 //   /runs/RUN/niah, /runs/RUN/perplexity   summaries assembled from the complete cells
 //
-// Crash safety: the writer opens the file, writes one cell, flushes (H5Fflush) and closes it
-// again, so between cells the file on disk is always a valid HDF5 file and a SIGKILL can only
-// hit the few milliseconds of a cell write. The default (oldest-compatible) file format is used:
-// it has no "file open for writing" flag that would make a killed file unreadable.
+// Crash safety: the file is never changed in place (HDF5 has no journal, so a kill or a full
+// disk in the middle of a write can leave its metadata half written). Every change (a cell, a
+// summary, a root attribute) is made by HDF5 to an in-memory image of the file (core driver),
+// which kvlab writes to PATH.partial, fsyncs and renames over PATH. At any instant PATH is a
+// complete, closed file; a SIGKILL or an error (ENOSPC, EROFS) leaves it as it was before the
+// change, at worst beside a stale PATH.partial that the next change overwrites. Each change
+// needs room for a second copy of the file. A writer holds an exclusive flock on PATH while it
+// replaces it. The default (oldest-compatible) file format is used.
 //
 // Every open waits (up to 2 minutes) while another process holds the file: HDF5 locks open
 // files, so `kvlab report` or h5py reading between two cells must not kill a long run.
@@ -78,8 +82,9 @@ class ResultsFile {
   bool cell_complete(const std::string& run, const std::string& cell) const;
   // Deletes every cell group of every run that lacks complete = 1; returns how many.
   int delete_incomplete_cells();
-  // Writes one cell (replacing an incomplete group of the same name), sets complete = 1 last,
-  // then flushes. Throws if a complete cell of that name exists.
+  // Writes one cell (replacing an incomplete group of the same name) with complete = 1, as one
+  // atomic replacement of the file. Throws if a complete cell of that name exists; on any error
+  // the file is unchanged.
   void write_cell(const std::string& run, const std::string& cell, const CellRecord& record);
   CellRecord read_cell(const std::string& run, const std::string& cell) const;
 

@@ -2,10 +2,15 @@
 
 #include <H5Cpp.h>
 #include <gtest/gtest.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <random>
 
 #include "framework/core/error.h"
 
@@ -146,6 +151,163 @@ TEST(Results, OpenRejectsOtherFiles) {
   { H5::H5File h(other.string(), H5F_ACC_TRUNC); }
   EXPECT_THROW(ResultsFile::open(other), Error);
   fs::remove_all(dir);
+}
+
+std::string file_bytes(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+ino_t inode_of(const fs::path& p) {
+  struct stat st{};
+  EXPECT_EQ(::stat(p.c_str(), &st), 0) << p;
+  return st.st_ino;
+}
+
+// Every change is written to PATH.partial and renamed over PATH (results.h): the inode changes,
+// no copy stays behind, a stale copy from a killed run is overwritten, and a change that fails
+// leaves the file byte for byte as it was.
+TEST(Results, EveryChangeReplacesTheFileWhole) {
+  const fs::path path = temp_path("replace.h5");
+  const fs::path partial = path.string() + ".partial";
+  ResultsFile f = ResultsFile::create(path, {{"name", std::string("demo")}});
+  EXPECT_FALSE(fs::exists(partial));
+  f.ensure_run("full", {});
+  const ino_t before = inode_of(path);
+  { std::ofstream(partial) << "left by a killed run"; }
+  f.write_cell("full", "a", sample_cell());
+  EXPECT_NE(inode_of(path), before);
+  EXPECT_FALSE(fs::exists(partial));
+  const std::string bytes = file_bytes(path);
+  try {
+    f.write_cell("full", "a", sample_cell());  // already complete: refused
+    ADD_FAILURE() << "a second write of a complete cell was accepted";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_EQ(msg.rfind(path.string(), 0), 0u) << msg;
+    EXPECT_NE(msg.find("already complete"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("is unchanged"), std::string::npos) << msg;
+  }
+  EXPECT_EQ(file_bytes(path), bytes);
+  EXPECT_FALSE(fs::exists(partial));
+  EXPECT_EQ(ResultsFile::open(path).complete_cells("full"), std::vector<std::string>{"a"});
+  fs::remove_all(path.parent_path());
+}
+
+// A results file reached through a symbolic link: the link stays, its target gets the cell.
+TEST(Results, ASymlinkStaysALink) {
+  const fs::path target = temp_path("target.h5"), link = temp_path("link.h5");
+  ResultsFile::create(target, {}).ensure_run("full", {});
+  fs::create_symlink(target, link);
+  ResultsFile::open(link).write_cell("full", "a", sample_cell());
+  EXPECT_TRUE(fs::is_symlink(link));
+  EXPECT_FALSE(fs::exists(link.string() + ".partial"));
+  EXPECT_EQ(ResultsFile::open(target).complete_cells("full"), std::vector<std::string>{"a"});
+  fs::remove_all(target.parent_path());
+}
+
+// A small tmpfs mounted for one test (needs root or CAP_SYS_ADMIN; the test skips otherwise).
+class ScopedTmpfs {
+ public:
+  ScopedTmpfs(const fs::path& dir, const std::string& options) : dir_(dir) {
+    fs::create_directories(dir);
+    mounted_ = ::mount("kvlab_test", dir.c_str(), "tmpfs", 0, options.c_str()) == 0;
+    if (!mounted_) error_ = std::strerror(errno);
+  }
+  ~ScopedTmpfs() {
+    if (mounted_) ::umount2(dir_.c_str(), MNT_DETACH);
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+  bool mounted() const { return mounted_; }
+  const std::string& error() const { return error_; }
+  bool remount(const std::string& options, unsigned long flags = 0) {
+    return ::mount("kvlab_test", dir_.c_str(), "tmpfs", MS_REMOUNT | flags, options.c_str()) == 0;
+  }
+
+ private:
+  fs::path dir_;
+  bool mounted_ = false;
+  std::string error_;
+};
+
+// A cell of ~64 KiB that deflate cannot shrink (uniform random floats).
+CellRecord incompressible_cell(uint32_t seed) {
+  CellRecord rec = sample_cell();
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(0, 1);
+  std::vector<float> v(16384);
+  for (float& x : v) x = u(rng);
+  rec.datasets["nll"].data = std::move(v);
+  return rec;
+}
+
+// Full disk: the write that does not fit throws one error naming the file and the system error;
+// every cell written before stays readable; once there is room again the same cell is written.
+TEST(Results, FullDiskKeepsFinishedCellsAndResumes) {
+  const fs::path dir = temp_path("x").parent_path() / "tmpfs";
+  ScopedTmpfs disk(dir, "size=512k");
+  if (!disk.mounted()) GTEST_SKIP() << "cannot mount a tmpfs here (" << disk.error() << "): needs root";
+  const fs::path path = dir / "full.h5";
+  ResultsFile f = ResultsFile::create(path, {{"name", std::string("disk")}});
+  f.ensure_run("full", {});
+  int written = 0;
+  std::string error;
+  for (; written < 100; ++written) {
+    try {
+      f.write_cell("full", str_cat("c", 100 + written), incompressible_cell(written));
+    } catch (const Error& e) {
+      error = e.what();
+      break;
+    }
+  }
+  ASSERT_FALSE(error.empty()) << "512 KiB held 100 cells of 64 KiB";
+  ASSERT_GE(written, 1) << error;
+  EXPECT_EQ(error.rfind(path.string(), 0), 0u) << error;
+  EXPECT_NE(error.find("No space left on device"), std::string::npos) << error;
+  EXPECT_NE(error.find("is unchanged"), std::string::npos) << error;
+  EXPECT_FALSE(fs::exists(path.string() + ".partial"));
+  auto check_cells = [&](int n) {
+    ResultsFile g = ResultsFile::open(path);
+    ASSERT_EQ(int(g.complete_cells("full").size()), n);
+    for (int i = 0; i < n; ++i) {
+      const CellRecord back = g.read_cell("full", str_cat("c", 100 + i));
+      EXPECT_EQ(std::get<std::vector<float>>(back.datasets.at("nll").data),
+                std::get<std::vector<float>>(incompressible_cell(i).datasets.at("nll").data));
+    }
+  };
+  check_cells(written);
+  // Room again: the cell that failed is written and the earlier ones are still there.
+  ASSERT_TRUE(disk.remount("size=8m")) << std::strerror(errno);
+  f.write_cell("full", str_cat("c", 100 + written), incompressible_cell(written));
+  check_cells(written + 1);
+}
+
+// A results file on a read-only file system (root ignores permission bits, so the test
+// remounts its tmpfs read-only): creating or changing it is one clear error, the file unchanged.
+TEST(Results, ReadOnlyFileSystemIsAClearError) {
+  const fs::path dir = temp_path("x").parent_path() / "tmpfs_ro";
+  ScopedTmpfs disk(dir, "size=1m");
+  if (!disk.mounted()) GTEST_SKIP() << "cannot mount a tmpfs here (" << disk.error() << "): needs root";
+  const fs::path path = dir / "ro.h5";
+  ResultsFile f = ResultsFile::create(path, {});
+  f.ensure_run("full", {});
+  f.write_cell("full", "a", sample_cell());
+  const std::string bytes = file_bytes(path);
+  ASSERT_TRUE(disk.remount("size=1m", MS_RDONLY)) << std::strerror(errno);
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    try {
+      if (attempt == 0) f.write_cell("full", "b", sample_cell());
+      else ResultsFile::create(dir / "new.h5", {});
+      ADD_FAILURE() << "wrote on a read-only file system";
+    } catch (const Error& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find(attempt == 0 ? path.string() : (dir / "new.h5").string()), std::string::npos) << msg;
+      EXPECT_NE(msg.find("Read-only file system"), std::string::npos) << msg;
+    }
+  }
+  EXPECT_EQ(file_bytes(path), bytes);
+  EXPECT_EQ(ResultsFile::open(path).complete_cells("full"), std::vector<std::string>{"a"});
 }
 
 }  // namespace

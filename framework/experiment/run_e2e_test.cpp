@@ -485,5 +485,85 @@ TEST_F(RunE2e, CudaRunAgreesWithTheCpuRun) {
   expect_device_run_agrees(*spec_, reference(), "cuda", "f32");
 }
 
+// A KV pool (kv.budget_bytes) too small for some cells, through the kvlab executable: one clear
+// error naming the key, the cell and what it needed, a non-zero exit, and the cells finished
+// before it (a sliding window fits) complete in the file. A pool that cannot hold one token is
+// refused before any file is written.
+TEST(RunKvBudget, TinyBudgetIsOneClearErrorAndKeepsFinishedCells) {
+  const fs::path kvlab = fs::path(KVLAB_BINARY_DIR) / "bin/kvlab";
+  if (!fs::exists(fixture_model())) GTEST_SKIP() << "needs the tiny_models CTest fixture: absent";
+  if (!fs::exists(kvlab)) GTEST_SKIP() << "needs the kvlab executable (" << kvlab << "): absent";
+  fs::create_directories(work_dir());  // (RunE2e's teardown removes it when run in one process)
+  const ModelConfig c = load_model(fixture_model())->config;
+  const uint64_t block_bytes = uint64_t(2) * 4 * c.n_kv_heads * c.head_dim * sizeof(float);  // block_size 4
+  // Window 16 with 16-token prefill chunks holds at most 16 + 16 tokens (+ one partly filled
+  // block) per layer: 9 blocks of 4. Full attention on a 120-token prompt needs 30 per layer.
+  const uint64_t budget = 12 * block_bytes * uint64_t(c.n_layers);
+  auto yaml_with = [&](uint64_t bytes) {
+    return "name: kv_budget\nmodel: {path: " + fixture_model().string() + ", threads: 1}\n" +
+           "kv: {block_size: 4, budget_bytes: " + std::to_string(bytes) + "}\n" + R"(engine: {prefill_chunk: 16}
+policies:
+  - {name: win, type: sliding_window, params: {window: 16}}
+  - {name: full, type: full}
+seeds: [0]
+evals:
+  niah:
+    haystack: )" + haystack_file().string() + R"(
+    context_lengths: [120]
+    depths: [0, 100]
+    trials: 1
+    max_answer_tokens: 4
+  perplexity:
+    text: )" + haystack_file().string() + R"(
+    tokens: 160
+    protocol: streaming
+)";
+  };
+  auto run = [&](const std::string& name, uint64_t bytes, std::string* log_text) {
+    const fs::path yaml = write_yaml(name, yaml_with(bytes));
+    const fs::path out = work_dir() / (name + ".h5"), log = work_dir() / (name + ".log");
+    const std::string cmd = kvlab.string() + " run " + yaml.string() + " -o " + out.string() + " > " +
+                            log.string() + " 2>&1";
+    const int status = std::system(cmd.c_str());
+    std::ifstream in(log);
+    std::stringstream text;
+    text << in.rdbuf();
+    *log_text = text.str();
+    return status;
+  };
+
+  std::string log;
+  int status = run("kv_budget", budget, &log);
+  ASSERT_TRUE(WIFEXITED(status)) << "killed by a signal: " << log;
+  EXPECT_NE(WEXITSTATUS(status), 0) << log;
+  const std::string want = "kv_budget.yaml: kv.budget_bytes = " + std::to_string(budget) +
+                           " bytes is too small for run 'full', cell niah_L120_D0: the pool holds " +
+                           std::to_string(12 * c.n_layers) + " KV blocks of " + std::to_string(block_bytes) + " bytes";
+  EXPECT_NE(log.find(want), std::string::npos) << log;
+  EXPECT_NE(log.find("Raise kv.budget_bytes"), std::string::npos) << log;
+  EXPECT_NE(log.find("the 3 cell(s) finished in this run are in"), std::string::npos) << log;
+  {
+    ResultsFile f = ResultsFile::open(work_dir() / "kv_budget.h5");
+    EXPECT_EQ(f.complete_cells("win"), (std::vector<std::string>{"niah_L120_D0", "niah_L120_D100", "ppl_T0"}));
+    EXPECT_TRUE(f.complete_cells("full").empty());
+    for (const auto& cell : f.complete_cells("win")) {
+      const CellRecord rec = f.read_cell("win", cell);
+      EXPECT_EQ(std::get<std::string>(rec.attrs.at("kind")) == "niah"
+                    ? std::get<std::vector<std::string>>(rec.datasets.at("status").data).at(0)
+                    : std::get<std::string>(rec.attrs.at("status")),
+                "ok") << cell;
+    }
+  }
+
+  // Less than one block per layer: refused up front, no file.
+  status = run("kv_none", block_bytes * uint64_t(c.n_layers) - 1, &log);
+  ASSERT_TRUE(WIFEXITED(status)) << log;
+  EXPECT_NE(WEXITSTATUS(status), 0) << log;
+  EXPECT_NE(log.find("kv.budget_bytes = " + std::to_string(block_bytes * c.n_layers - 1) + " bytes holds"),
+            std::string::npos) << log;
+  EXPECT_FALSE(fs::exists(work_dir() / "kv_none.h5"));
+  fs::remove_all(work_dir());
+}
+
 }  // namespace
 }  // namespace kvlab

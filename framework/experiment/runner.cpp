@@ -32,6 +32,14 @@ constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
+// The KV pool (kv.budget_bytes) had no room for a step. Not an LmStepError: the evals would
+// record it as the trial's outcome, but an exhausted pool says nothing about the policy, so the
+// run stops with one error instead (run_experiment adds the file, key and cell).
+class KvPoolExhausted : public Error {
+ public:
+  using Error::Error;
+};
+
 // The engine with one run's policy, as the evals see it (evals/lm.h). Keeps the time spent in
 // prefill and decode and the statistics of every sequence when it ends.
 class EngineLm : public LanguageModel {
@@ -68,7 +76,11 @@ class EngineLm : public LanguageModel {
     }
     const std::vector<float>& prefill(std::span<const int32_t> tokens, bool all_logits) override {
       const auto t0 = Clock::now();
-      check(lm_.engine_.prefill(id_, tokens, logits_, all_logits));
+      const int64_t before = lm_.engine_.n_tokens(id_);
+      const StepStatus st = lm_.engine_.prefill(id_, tokens, logits_, all_logits);
+      // prefill stops at the chunk that found no room (engine.h): that chunk is the need
+      const int64_t left = int64_t(tokens.size()) - (lm_.engine_.n_tokens(id_) - before);
+      check(st, int(std::min<int64_t>(left, lm_.engine_.options().prefill_chunk_tokens)));
       lm_.prefill_s += seconds_since(t0);
       lm_.prefill_tokens += int64_t(tokens.size());
       if (lm_.on_tokens) lm_.on_tokens(lm_.prefill_tokens + lm_.decode_tokens);
@@ -76,7 +88,7 @@ class EngineLm : public LanguageModel {
     }
     const std::vector<float>& decode(int32_t token) override {
       const auto t0 = Clock::now();
-      check(lm_.engine_.decode(std::span(&id_, 1), std::span(&token, 1), logits_));
+      check(lm_.engine_.decode(std::span(&id_, 1), std::span(&token, 1), logits_), 1);
       lm_.decode_s += seconds_since(t0);
       ++lm_.decode_tokens;
       if (lm_.on_tokens && lm_.decode_tokens % 16 == 0) lm_.on_tokens(lm_.prefill_tokens + lm_.decode_tokens);
@@ -84,7 +96,17 @@ class EngineLm : public LanguageModel {
     }
 
    private:
-    void check(StepStatus s) {
+    void check(StepStatus s, int n_new) {
+      if (s == StepStatus::kOutOfBlocks) {
+        const KvStore& kv = lm_.engine_.kv();
+        const int64_t held = kv.sequence_blocks(id_), needed = kv.blocks_needed(id_, n_new);
+        throw KvPoolExhausted(str_cat(
+            "the pool holds ", kv.stats().blocks_total, " KV blocks of ", kv.block_bytes(),
+            " bytes; after ", lm_.engine_.n_tokens(id_), " tokens the sequence holds ", held,
+            " and its next step (", n_new, " token", n_new == 1 ? "" : "s", ") needs ", needed,
+            " more, ", kv.free_blocks(), " free: at least ", size_t(held + needed) * kv.block_bytes(),
+            " bytes"));
+      }
       if (s != StepStatus::kOk)
         throw LmStepError(str_cat(step_status_name(s), " after ", lm_.engine_.n_tokens(id_), " tokens"));
     }
@@ -405,6 +427,16 @@ int run_experiment(const ExperimentSpec& spec, const RunOptions& o) {
     if (window > max_tokens) fail(p.ref.str(), ": window of ", window, " tokens exceeds ", limit);
   }
 
+  // A pool that cannot hold one token (a block in every layer) is an error before any file.
+  if (spec.kv.budget_bytes > 0) {
+    const uint64_t block_bytes = uint64_t(2) * spec.kv.block_size_tokens * config.n_kv_heads * config.head_dim * sizeof(float);
+    if (spec.kv.budget_bytes / block_bytes < uint64_t(config.n_layers))
+      fail(spec.file.string(), ": kv.budget_bytes = ", spec.kv.budget_bytes, " bytes holds ",
+           spec.kv.budget_bytes / block_bytes, " KV blocks of ", block_bytes, " bytes (kv.block_size ",
+           spec.kv.block_size_tokens, " tokens), fewer than one per layer (", config.n_layers,
+           "): one token needs ", block_bytes * config.n_layers, " bytes; 0 = room for the model's context");
+  }
+
   // Inputs, tokenized once.
   Inputs in{spec, tokenizer, std::nullopt, {}};
   if (spec.niah.enabled) {
@@ -518,7 +550,17 @@ int run_experiment(const ExperimentSpec& spec, const RunOptions& o) {
       progress->cell_started(run.name + " " + cell->id);
       lm.on_tokens = [&](int64_t n) { progress->tokens(n); };
     }
-    CellRecord rec = cell->kind == EvalKind::kNiah ? run_niah_cell(*cell, lm, in) : run_ppl_cell(*cell, lm, in);
+    CellRecord rec;
+    try {
+      rec = cell->kind == EvalKind::kNiah ? run_niah_cell(*cell, lm, in) : run_ppl_cell(*cell, lm, in);
+    } catch (const KvPoolExhausted& e) {
+      if (progress) progress->finish();
+      fail(spec.file.string(), ": kv.budget_bytes = ",
+           spec.kv.budget_bytes ? str_cat(spec.kv.budget_bytes, " bytes") : std::string("0 (the default pool)"),
+           " is too small for run '",
+           run.name, "', cell ", cell->id, ": ", e.what(), ". Raise kv.budget_bytes (0 = room for the model's "
+           "context); the ", n_run, " cell(s) finished in this run are in ", output.string());
+    }
     rec.attrs["run"] = run.name;
     rec.attrs["cell_index"] = int64_t(cell->index);
     rec.attrs["finished_at"] = utc_now_iso8601();

@@ -2,9 +2,10 @@
 //
 // Order of work: validate (files, policy types and parameters against the registry with
 // plugins loaded), load the model, open or create the results file, then for every cell of
-// this shard that is not complete yet: run it, write it (complete attribute last), flush,
-// close. A SIGKILL therefore loses at most the cell in progress; `resume` deletes interrupted
-// cells and runs what is missing. At the end the summaries are rebuilt and the report printed.
+// this shard that is not complete yet: run it, then write it by replacing the file atomically
+// (results.h). A SIGKILL or a full disk therefore loses at most the cell in progress; `resume`
+// runs what is missing. At the end the summaries are rebuilt and the report printed. A KV pool
+// (kv.budget_bytes) too small for a cell stops the run with one error naming the key.
 //
 // Determinism: a NIAH trial's value and haystack offset depend only on (seed, length, depth,
 // trial) (cells.h trial_seed), greedy decoding has no randomness, and the engine is
