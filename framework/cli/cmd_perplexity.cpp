@@ -19,7 +19,7 @@
 #include "framework/core/error.h"
 #include "framework/engine/engine.h"
 #include "framework/model/model.h"
-#include "framework/policy/cli_policy.h"
+#include "framework/cli/cli_policy.h"
 #include "framework/tokenizer/tokenizer.h"
 #include "policies/builtin.h"
 

@@ -13,9 +13,9 @@
 
 #include "framework/core/error.h"
 #include "framework/engine/device_executor.h"
-#include "framework/engine/linear.h"
-#include "framework/engine/ops.h"
-#include "framework/engine/thread_pool.h"
+#include "kernels/cpu/linear.h"
+#include "kernels/cpu/ops.h"
+#include "kernels/cpu/thread_pool.h"
 #include "kernels/common/masks.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/rope.h"

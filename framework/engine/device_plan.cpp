@@ -77,7 +77,7 @@ void SelectionArrays::check() const {
   for (int l = 0; l < n_lists(); ++l) {
     int32_t prev_end = 0;
     for (int32_t r = indptr[l]; r < indptr[l + 1]; ++r) {
-      const KeyRange kr = ranges[r];
+      const SlotRange kr = ranges[r];
       if (kr.begin < prev_end || kr.end <= kr.begin || kr.end > list_slots[l])
         fail("key selection: list ", l, " range ", r - indptr[l], " [", kr.begin, ", ", kr.end,
              ") is empty, unsorted, overlapping or past the list's ", list_slots[l], " slots");

@@ -32,7 +32,7 @@ struct BlockTableArrays {
 // each sorted disjoint slot ranges; list_slots bounds each list (DeviceSelection::upload).
 struct SelectionArrays {
   std::vector<int32_t> indptr{0};
-  std::vector<KeyRange> ranges;
+  std::vector<SlotRange> ranges;
   std::vector<int32_t> list_slots;
 
   void clear();

@@ -9,8 +9,8 @@
 #include "framework/core/error.h"
 #include "framework/engine/device_forward.h"
 #include "framework/engine/engine_internal.h"
-#include "framework/engine/linear.h"
-#include "framework/engine/ops.h"
+#include "kernels/cpu/linear.h"
+#include "kernels/cpu/ops.h"
 #include "kernels/cpu/attention.h"
 
 namespace kvlab {
@@ -478,7 +478,8 @@ void Engine::begin_attention(Group& g, int layer, float* q, float* k, const floa
   step.n_new = g.n_rows;
   step.positions = g.positions;
   step.queries = std::span<const float>(q, static_cast<size_t>(g.n_rows) * qd);
-  step.cache = &store_->cache_view(s.id, layer);
+  s.cache_view = LayerKvCacheView(store_->layer(s.id, layer));
+  step.cache = &s.cache_view;
   step.shape = policy_shape(c);
   g.seq->selection.select_all();
   if (s.policy) s.policy->select(step, g.seq->selection);

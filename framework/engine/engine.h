@@ -34,7 +34,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "framework/engine/thread_pool.h"
+#include "kernels/cpu/thread_pool.h"
 #include "framework/kv/kv_store.h"
 #include "framework/model/model.h"
 #include "framework/policy/policy.h"

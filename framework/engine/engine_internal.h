@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "framework/engine/engine.h"
+#include "framework/policy/layer_kv_cache_view.h"
 #include "framework/policy/policy.h"
 
 namespace kvlab {
@@ -42,6 +43,7 @@ struct Sequence {
   std::vector<LayerProbeStats> layer_probe;  // [n_layers] (only probed layers counted)
   // The layer being computed (filled by Engine::begin_attention, read by the attention and
   // Engine::end_attention); kept here so the buffers are reused from step to step.
+  LayerKvCacheView cache_view;        // the policy's view of the layer (LayerStep::cache)
   KeySelection selection;             // arrives select_all(); the policy's choice
   std::vector<float> key_mass;        // [n_kv_heads, n_slots] zeroed when the policy asks
   std::vector<int32_t> key_rope_pos;  // [n_slots, n_kv_heads] cache ranks (rope_at_cache_position)

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "framework/core/error.h"
+#include "framework/policy/layer_kv_cache_view.h"
 #include "kernels/cpu/attention.h"
 
 namespace kvlab {
@@ -86,7 +87,7 @@ void expect_matches(const KvStore& store_c, SeqId seq, const std::vector<HeadTok
   std::vector<float> key(cfg.head_dim);
   for (int l = 0; l < cfg.n_layers; ++l) {
     const LayerKv kv = store.layer(seq, l);
-    const LayerCacheView& view = store.cache_view(seq, l);
+    const LayerCacheView& view = LayerKvCacheView(store.layer(seq, l));
     ASSERT_EQ(kv.view.length(0), kv.n_slots);
     ASSERT_EQ(view.n_slots(), kv.n_slots);
     for (int h = 0; h < cfg.n_kv_heads; ++h) {
@@ -225,7 +226,7 @@ TEST(KvStore, SlidingEvictionFreesBlocks) {
     f.append(store, s, t, model);
     if (static_cast<int>(model[0][0].size()) > window) {
       // Evict the oldest live token (slot 0 after earlier removals? find it).
-      const LayerCacheView& view = store.cache_view(s, 0);
+      const LayerCacheView& view = LayerKvCacheView(store.layer(s, 0));
       int oldest = 0;
       while (!view.slot_valid(oldest, 0)) ++oldest;
       Evictions ev;
@@ -289,7 +290,7 @@ TEST(KvStore, PerHeadEvictionAndCompactionKeepDataExact) {
         const int n_live = static_cast<int>(model[l][0].size());
         if (n_live <= budget) continue;
         const int n_drop = 1 + static_cast<int>(f.rng() % 3);
-        const LayerCacheView& view = store.cache_view(s, l);
+        const LayerCacheView& view = LayerKvCacheView(store.layer(s, l));
         Evictions ev;
         ev.clear(3);
         for (int h = 0; h < 3; ++h) {
@@ -355,7 +356,7 @@ TEST(KvStore, EvictionUnderAPendingReservationDefersBlockRelease) {
   // Evicting everything returns every block.
   ev.clear(2);
   for (int slot = 0; slot < store.n_slots(s, 0); ++slot)
-    if (store.cache_view(s, 0).slot_valid(slot, 0)) ev.evict_all_heads(slot);
+    if (LayerKvCacheView(store.layer(s, 0)).slot_valid(slot, 0)) ev.evict_all_heads(slot);
   store.evict(s, 0, ev);
   EXPECT_EQ(store.n_slots(s, 0), 0);
   EXPECT_EQ(store.free_blocks(), 4);
@@ -455,7 +456,7 @@ TEST(KvStore, RandomOperationsKeepDataAndAccounting) {
         for (int t = 0; t < n; ++t) f.append(store, s, next_pos[s]++, models[s]);
       } else {
         for (int l = 0; l < 2; ++l) {
-          const LayerCacheView& view = store.cache_view(s, l);
+          const LayerCacheView& view = LayerKvCacheView(store.layer(s, l));
           Evictions ev;
           ev.clear(2);
           for (int h = 0; h < 2; ++h) {

@@ -27,7 +27,7 @@
 
 #include <cstdint>
 
-#include "framework/policy/policy.h"  // KeySelection (header-only data)
+#include "kernels/common/selection.h"
 #include "kernels/common/layer_kv.h"
 #include "kernels/cpu/rope.h"
 

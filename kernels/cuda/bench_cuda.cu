@@ -119,7 +119,7 @@ void bench_decode(std::vector<Row>& rows, bool quick) {
   DeviceBuffer<int32_t> dpos(pos_host);
   // 25% of the pages of every (request, KV head), the last page always among them.
   std::vector<int32_t> sel_indptr{0};
-  std::vector<KeyRange> ranges;
+  std::vector<SlotRange> ranges;
   for (int l = 0; l < batch * hkv; ++l) {
     std::vector<int> chosen(pages_per_seq);
     std::iota(chosen.begin(), chosen.end(), 0);
@@ -132,7 +132,7 @@ void bench_decode(std::vector<Row>& rows, bool quick) {
   }
   const std::vector<int32_t> offsets = build_key_offsets(sel_indptr, ranges);
   DeviceBuffer<int32_t> dsel_indptr(sel_indptr), dsel_off(offsets);
-  DeviceBuffer<KeyRange> dranges(ranges);
+  DeviceBuffer<SlotRange> dranges(ranges);
   DeviceBuffer<float> mass(size_t(batch) * hkv * ctx);
   mass.zero();
 

@@ -23,7 +23,7 @@ using testing::HostPagedKv;
 struct HostSelection {
   bool all = true;
   std::vector<int32_t> indptr;
-  std::vector<KeyRange> ranges;
+  std::vector<SlotRange> ranges;
   std::vector<int32_t> offsets;
   KeySelectionView view() const {
     if (all) return {};
@@ -157,7 +157,7 @@ void run_case(const Case& c, uint32_t seed) {
   DevicePagedKv<T> dkv(kv);
   DeviceBuffer<float> dq(q), dout(size_t(batch) * hq * c.head_dim), dlse(size_t(batch) * hq);
   DeviceBuffer<int32_t> dqpos(q_pos), dsel_indptr(sel.indptr), dsel_offsets(sel.offsets);
-  DeviceBuffer<KeyRange> dsel_ranges(sel.ranges);
+  DeviceBuffer<SlotRange> dsel_ranges(sel.ranges);
   DeviceBuffer<float> dmass(size_t(batch) * c.hkv * max_len);
   dmass.zero();
   dout.zero();

@@ -47,7 +47,7 @@ void DeviceBlockTable::upload(const std::vector<int32_t>& indptr,
 }
 
 KeySelectionView DeviceSelection::upload(const std::vector<int32_t>& indptr,
-                                         const std::vector<KeyRange>& ranges,
+                                         const std::vector<SlotRange>& ranges,
                                          const std::vector<int32_t>& list_slots,
                                          cudaStream_t stream) {
   if (indptr.empty() || list_slots.size() + 1 != indptr.size() ||
@@ -58,7 +58,7 @@ KeySelectionView DeviceSelection::upload(const std::vector<int32_t>& indptr,
   for (size_t l = 0; l < list_slots.size(); ++l) {
     int count = 0, prev_end = 0;
     for (int32_t r = indptr[l]; r < indptr[l + 1]; ++r) {
-      const KeyRange kr = ranges[r];
+      const SlotRange kr = ranges[r];
       if (kr.begin < prev_end || kr.end <= kr.begin || kr.end > list_slots[l])
         fail("DeviceSelection::upload: list ", l, " range ", r - indptr[l], " [", kr.begin, ", ",
              kr.end, ") is empty, unsorted, overlapping or past the list's ", list_slots[l], " slots");

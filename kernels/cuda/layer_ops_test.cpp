@@ -451,7 +451,7 @@ TEST_F(LayerOpsGpu, KvStoreAppendWritesTheHostLayout) {
 TEST_F(LayerOpsGpu, DeviceSelectionUploadsRangesAndOffsets) {
   DeviceSelection sel;
   const std::vector<int32_t> indptr{0, 2, 2, 3};
-  const std::vector<KeyRange> ranges{{0, 4}, {10, 13}, {5, 6}};
+  const std::vector<SlotRange> ranges{{0, 4}, {10, 13}, {5, 6}};
   const KeySelectionView v = sel.upload(indptr, ranges, {20, 5, 6});
   EXPECT_EQ(sel.max_count(), 7);
   std::vector<int32_t> offsets(3);

@@ -22,7 +22,7 @@ using testing::HostPagedKv;
 struct HostSel {
   bool all = true;
   std::vector<int32_t> indptr;
-  std::vector<KeyRange> ranges;
+  std::vector<SlotRange> ranges;
   std::vector<int32_t> offsets;
   KeySelectionView view() const {
     return all ? KeySelectionView{} : KeySelectionView{indptr.data(), ranges.data(), offsets.data()};
@@ -124,7 +124,7 @@ void run_case(int page_size, int head_dim, int hkv, int group, const std::vector
   testing::DevicePagedKv<T> dkv(kv);
   DeviceBuffer<T> dq(testing::to_storage_vec<T>(q));
   DeviceBuffer<int32_t> dindptr(qo_indptr), dqpos(q_pos), dsel_indptr(sel.indptr), dsel_off(sel.offsets);
-  DeviceBuffer<KeyRange> dsel_ranges(sel.ranges);
+  DeviceBuffer<SlotRange> dsel_ranges(sel.ranges);
   DeviceBuffer<float> dout(ref.size()), dlse(ref_lse.size());
   dout.zero();
   PrefillParams<T> p;
