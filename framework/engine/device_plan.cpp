@@ -45,13 +45,11 @@ void BlockTableArrays::add(const LayerKv& kv) {
   last_page_len.push_back(pages == 0 ? 0 : kv.n_slots - (pages - 1) * kv.view.page_size);
 }
 
-void SelectionArrays::clear() {
-  indptr.assign(1, 0);
-  ranges.clear();
-  list_slots.clear();
-}
-
 void SelectionArrays::add_row(const KeySelection& sel, int row, int n_kv_heads, int n_slots) {
+  if (n_rows == 0) this->n_kv_heads = n_kv_heads;
+  KVLAB_CHECK(this->n_kv_heads == n_kv_heads, "selection lists of ", n_kv_heads, " heads added to a launch of ",
+              this->n_kv_heads);
+  ++n_rows;
   for (int h = 0; h < n_kv_heads; ++h) {
     if (sel.all) {
       if (n_slots > 0) ranges.push_back({0, n_slots});

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <utility>
 
 #include "framework/core/error.h"
 
@@ -57,27 +58,22 @@ size_t KvStore::row_offset(int entry, int kv_head) const {
   return (static_cast<size_t>(kv_head) * config_.block_size_tokens + entry) * config_.head_dim;
 }
 
-KvStore::Sequence& KvStore::seq_at(SeqId seq) {
-  auto it = seqs_.find(seq);
-  if (it == seqs_.end()) fail("KvStore: unknown sequence ", seq);
-  return *it->second;
-}
 const KvStore::Sequence& KvStore::seq_at(SeqId seq) const {
   auto it = seqs_.find(seq);
   if (it == seqs_.end()) fail("KvStore: unknown sequence ", seq);
   return *it->second;
 }
-KvStore::LayerTable& KvStore::layer_at(SeqId seq, int layer) {
-  Sequence& s = seq_at(seq);
-  if (layer < 0 || layer >= config_.n_layers)
-    fail("KvStore: layer ", layer, " out of range [0, ", config_.n_layers, ")");
-  return s.layers[layer];
+KvStore::Sequence& KvStore::seq_at(SeqId seq) {
+  return const_cast<Sequence&>(std::as_const(*this).seq_at(seq));
 }
 const KvStore::LayerTable& KvStore::layer_at(SeqId seq, int layer) const {
   const Sequence& s = seq_at(seq);
   if (layer < 0 || layer >= config_.n_layers)
     fail("KvStore: layer ", layer, " out of range [0, ", config_.n_layers, ")");
   return s.layers[layer];
+}
+KvStore::LayerTable& KvStore::layer_at(SeqId seq, int layer) {
+  return const_cast<LayerTable&>(std::as_const(*this).layer_at(seq, layer));
 }
 
 void KvStore::refresh_view(LayerTable& lc) {

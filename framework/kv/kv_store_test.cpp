@@ -16,6 +16,7 @@
 #include "framework/core/error.h"
 #include "framework/policy/layer_kv_cache_view.h"
 #include "kernels/cpu/attention.h"
+#include "kernels/testing/reference_attention.h"
 
 namespace kvlab {
 namespace {
@@ -552,22 +553,11 @@ TEST(KvStore, AttentionOverStoreMatchesDenseReference) {
   attention(a, 2);
   for (int h = 0; h < 2 * G; ++h) {
     const auto& toks = model[0][h / G];
-    std::vector<double> p;
-    double m = -1e300;
-    for (const Token& t : toks) {
-      if (t.pos > qpos) { p.push_back(-1e300); continue; }
-      double dot = 0;
-      for (int d = 0; d < D; ++d) dot += double(q[h * D + d]) * t.k[d];
-      p.push_back(dot * a.scale);
-      m = std::max(m, p.back());
-    }
-    double l = 0;
-    for (double& x : p) l += (x = x < -1e299 ? 0 : std::exp(x - m));
-    for (int d = 0; d < D; ++d) {
-      double o = 0;
-      for (size_t j = 0; j < toks.size(); ++j) o += p[j] / l * toks[j].v[d];
-      ASSERT_NEAR(out[h * D + d], o, 1e-5);
-    }
+    const testing::ReferenceRow ref = testing::reference_attention_row(
+        q.data() + h * D, D, static_cast<int64_t>(toks.size()), a.scale,
+        [&](int64_t j) { return toks[j].k.data(); }, [&](int64_t j) { return toks[j].v.data(); },
+        [&](int64_t j) { return toks[j].pos <= qpos; });
+    for (int d = 0; d < D; ++d) ASSERT_NEAR(out[h * D + d], ref.out[d], 1e-5);
   }
 }
 

@@ -69,7 +69,7 @@ struct PolicyNeeds {
   // A promise: in a multi-row step (a prefill chunk) every row selects exactly the valid cached
   // keys this mask allows at its position, and nothing else. The GPU then runs the chunk on its
   // tensor-core prefill kernel with the mask instead of per-row lists (framework/engine/
-  // device_forward.h); the emulated device executes the mask, so the engine device tests catch
+  // device_backend.h); the emulated device executes the mask, so the engine device tests catch
   // a broken promise. Unset: no promise (per-row lists are used).
   std::optional<PositionMask> prefill_mask;
 };

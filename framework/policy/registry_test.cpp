@@ -5,20 +5,14 @@
 #include <gtest/gtest.h>
 
 #include "framework/core/error.h"
+#include "framework/core/error_testing.h"
 #include "framework/policy/plugin.h"
 #include "policies/builtin.h"
 
 namespace kvlab {
 namespace {
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using testing::error_of;
 
 const PolicyModelShape kShape{2, 4, 2, 8, 512};
 

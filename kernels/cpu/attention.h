@@ -21,8 +21,9 @@
 // threads each item's key_mass column sums are buffered and added per KV head in item order.
 // Results (out, lse, key_mass) are bitwise independent of n_threads.
 //
-// Contract: selection ranges lie in [0, n_slots) (std::invalid_argument otherwise); selection
-// n_rows / n_kv_heads must match. The kernels are pure functions of their arguments.
+// Contract: the ranges of the rows read lie in [0, n_slots) (std::invalid_argument otherwise);
+// the selection has n_kv_heads lists per row and rows [selection_row, selection_row + n_rows).
+// The kernels are pure functions of their arguments.
 #pragma once
 
 #include <cstdint>
@@ -39,6 +40,9 @@ struct AttentionArgs {
   const int64_t* q_positions = nullptr;  // [n_rows] causal: key position <= query position
   LayerKv kv;                            // keys/values + slot metadata
   const KeySelection* selection = nullptr;  // nullptr or all => every valid causal slot
+  // Row r reads the lists of selection row selection_row + r (a device launch's selection holds
+  // one row per request, kernels/common/selection.h; the emulator attends request by request).
+  int selection_row = 0;
   float scale = 1.f;                     // 1/sqrt(head_dim)
   // Rope at read (policies with rope_at_cache_position): keys are stored raw and key (slot s,
   // head g) is rotated to position key_rope_pos[s * n_kv_heads + g] before the dot product.

@@ -137,14 +137,7 @@ void bench_decode(std::vector<Row>& rows, bool quick) {
   mass.zero();
 
   DecodeParams<T> p;
-  p.kv.page_size = page;
-  p.kv.num_kv_heads = hkv;
-  p.kv.head_dim = d;
-  p.kv.k_data = k.data();
-  p.kv.v_data = v.data();
-  p.kv.indptr = dindptr.data();
-  p.kv.indices = dindices.data();
-  p.kv.last_page_len = dlast.data();
+  p.kv = {page, hkv, d, k.data(), v.data(), dindptr.data(), dindices.data(), dlast.data()};
   p.q = q.data();
   p.batch = batch;
   p.num_qo_heads = hq;
@@ -203,14 +196,7 @@ void bench_prefill(std::vector<Row>& rows, bool quick) {
         dlast(std::vector<int32_t>{len - (num_pages - 1) * page}), dqo(std::vector<int32_t>{0, len});
     DeviceBuffer<float> out(size_t(len) * hq * d), lse(size_t(len) * hq);
     PrefillParams<T> p;
-    p.kv.page_size = page;
-    p.kv.num_kv_heads = hkv;
-    p.kv.head_dim = d;
-    p.kv.k_data = k.data();
-    p.kv.v_data = v.data();
-    p.kv.indptr = dindptr.data();
-    p.kv.indices = dindices.data();
-    p.kv.last_page_len = dlast.data();
+    p.kv = {page, hkv, d, k.data(), v.data(), dindptr.data(), dindices.data(), dlast.data()};
     p.q = q.data();
     p.qo_indptr = dqo.data();
     p.batch = 1;
