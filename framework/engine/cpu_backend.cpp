@@ -55,16 +55,9 @@ class CpuBackend final : public Backend {
     Sequence& s = *g.seq;
     const int hd = c_.head_dim, nkv = c_.n_kv_heads;
     const LayerKv kv = store_.layer(s.id, layer);
-    AttentionArgs a;
-    a.q = q;
-    a.n_rows = g.n_rows;
-    a.n_heads = c_.n_heads;
-    a.n_kv_heads = nkv;
-    a.head_dim = hd;
-    a.q_positions = g.positions.data();
-    a.kv = kv;
+    AttentionArgs a = attention_args(q, g.n_rows, c_.n_heads, nkv, hd, g.positions.data(), kv,
+                                     1.f / std::sqrt(static_cast<float>(hd)));
     a.selection = s.selection.all ? nullptr : &s.selection;
-    a.scale = 1.f / std::sqrt(static_cast<float>(hd));
     if (s.needs.rope_at_cache_position) {
       a.key_rope_pos = s.key_rope_pos.data();
       a.rope = &rope_;

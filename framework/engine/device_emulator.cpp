@@ -193,17 +193,10 @@ class EmulatedExecutor final : public DeviceExecutor {
     for (int h = 0; h < nkv; ++h)
       KVLAB_CHECK(sel.list_slots[sel_request * nkv + h] == kv.n_slots, "selection list of ",
                   sel.list_slots[sel_request * nkv + h], " slots for a request of ", kv.n_slots);
-    AttentionArgs a;
-    a.q = q;
-    a.n_rows = 1;
-    a.n_heads = c_.n_heads;
-    a.n_kv_heads = nkv;
-    a.head_dim = c_.head_dim;
-    a.q_positions = q_pos;
-    a.kv = kv;
+    AttentionArgs a = attention_args(q, 1, c_.n_heads, nkv, c_.head_dim, q_pos, kv,
+                                     1.f / std::sqrt(static_cast<float>(c_.head_dim)));
     a.selection = &sel;  // the launch's lists of request sel_request
     a.selection_row = sel_request;
-    a.scale = 1.f / std::sqrt(static_cast<float>(c_.head_dim));
     if (rope_at_read) {
       a.key_rope_pos = ranks.data();
       a.rope = &rope_;

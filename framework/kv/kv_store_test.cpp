@@ -540,15 +540,8 @@ TEST(KvStore, AttentionOverStoreMatchesDenseReference) {
   std::vector<float> q(2 * G * D), out(q.size());
   for (auto& x : q) x = f.nd(f.rng);
   const int64_t qpos = 40;
-  AttentionArgs a;
-  a.q = q.data();
-  a.n_rows = 1;
-  a.n_heads = 2 * G;
-  a.n_kv_heads = 2;
-  a.head_dim = D;
-  a.q_positions = &qpos;
-  a.kv = store.layer(s, 0);
-  a.scale = 1.f / std::sqrt(static_cast<float>(D));
+  AttentionArgs a =
+      attention_args(q.data(), 1, 2 * G, 2, D, &qpos, store.layer(s, 0), 1.f / std::sqrt(static_cast<float>(D)));
   a.out = out.data();
   attention(a, 2);
   for (int h = 0; h < 2 * G; ++h) {

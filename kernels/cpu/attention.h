@@ -53,6 +53,20 @@ struct AttentionArgs {
   float* key_mass = nullptr;  // optional [n_kv_heads, n_slots], accumulated (+=)
 };
 
+// The fields every call sets: q [n_rows, n_heads, head_dim] at q_positions [n_rows] over kv,
+// scores scaled by `scale`; the rest (selection, rope at read, outputs) stays default.
+inline AttentionArgs attention_args(const float* q, int n_rows, int n_heads, int n_kv_heads,
+                                    int head_dim, const int64_t* q_positions, const LayerKv& kv,
+                                    float scale) {
+  AttentionArgs a;
+  a.q = q;
+  a.n_rows = n_rows, a.n_heads = n_heads, a.n_kv_heads = n_kv_heads, a.head_dim = head_dim;
+  a.q_positions = q_positions;
+  a.kv = kv;
+  a.scale = scale;
+  return a;
+}
+
 void attention_naive(const AttentionArgs& args);               // reference
 void attention(const AttentionArgs& args, int n_threads = 1);  // tiled online softmax
 

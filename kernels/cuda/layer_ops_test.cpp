@@ -321,13 +321,7 @@ TEST_F(LayerOpsGpu, GemmF32ExactToFp32) {
 
 template <class Dst>
 void check_scatter_pages(std::mt19937& rng, KvDType dtype) {
-  DeviceKvConfig cfg;
-  cfg.n_layers = 2;
-  cfg.num_kv_heads = 3;
-  cfg.head_dim = 80;
-  cfg.page_size = 7;
-  cfg.num_pages = 10;
-  cfg.dtype = dtype;
+  const DeviceKvConfig cfg{2, 3, 80, 7, 10, dtype};  // layers, KV heads, head_dim, page, pages
   DeviceKvPool pool(cfg);
   const size_t page_elems = size_t(cfg.num_kv_heads) * cfg.page_size * cfg.head_dim;
   const size_t meta_elems = size_t(cfg.num_kv_heads) * cfg.page_size;
@@ -407,13 +401,7 @@ TEST_F(LayerOpsGpu, PoolArenaAccessorsCheckDtypeAndLayer) {
 TEST_F(LayerOpsGpu, KvStoreAppendWritesTheHostLayout) {
   std::mt19937 rng(5);
   for (int page_size : {1, 7, 16}) {
-    DeviceKvConfig cfg;
-    cfg.n_layers = 2;
-    cfg.num_kv_heads = 3;
-    cfg.head_dim = 64;
-    cfg.page_size = page_size;
-    cfg.num_pages = 40;
-    cfg.dtype = KvDType::kBF16;
+    const DeviceKvConfig cfg{2, 3, 64, page_size, 40, KvDType::kBF16};  // layers, KV heads, d, page, pages
     DeviceKvPool pool(cfg);
     // Two requests of 9 and 20 tokens on shuffled pages.
     const std::vector<int32_t> lengths{9, 20};
