@@ -36,23 +36,3 @@ function(kvlab_add_test name)
     gtest_discover_tests(${name} DISCOVERY_TIMEOUT 60)
   endif()
 endfunction()
-
-# Adds every immediate subfolder of DIR that has a CMakeLists.txt (so a new library folder needs
-# no edit elsewhere), then DIR's own CMakeLists.txt if it has one.
-function(kvlab_add_subdirectories dir)
-  set(root ${CMAKE_CURRENT_SOURCE_DIR}/${dir})
-  if(EXISTS ${root}/CMakeLists.txt)
-    add_subdirectory(${dir})
-    return()
-  endif()
-  file(GLOB children RELATIVE ${root} ${root}/*)
-  list(SORT children)
-  foreach(child ${children})
-    if(child STREQUAL "cli" OR child STREQUAL "examples")
-      continue()  # the executable is added last (it links every library); examples build out of tree
-    endif()
-    if(IS_DIRECTORY ${root}/${child} AND EXISTS ${root}/${child}/CMakeLists.txt)
-      add_subdirectory(${dir}/${child})
-    endif()
-  endforeach()
-endfunction()

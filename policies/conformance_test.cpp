@@ -19,14 +19,7 @@ namespace {
 using testing::PolicySimulator;
 using testing::SimOptions;
 
-PolicyRegistry& registry() {
-  static PolicyRegistry r = [] {
-    PolicyRegistry reg = make_builtin_registry();
-    reg.load_plugin(KVLAB_EXAMPLE_PLUGIN);
-    return reg;
-  }();
-  return r;
-}
+PolicyRegistry& registry() { return testing::builtins_and_plugin(KVLAB_EXAMPLE_PLUGIN); }
 
 using Config = testing::PolicyConfig;
 using testing::describe;

@@ -13,6 +13,7 @@
 
 #include "framework/engine/engine.h"
 #include "framework/engine/random_model.h"
+#include "kernels/testing/reference_attention.h"
 #include "policies/builtin.h"
 #include "policies/policy_testing.h"
 
@@ -20,14 +21,7 @@ namespace kvlab {
 namespace {
 
 
-PolicyRegistry& registry() {
-  static PolicyRegistry r = [] {
-    PolicyRegistry reg = make_builtin_registry();
-    reg.load_plugin(KVLAB_EXAMPLE_PLUGIN);
-    return reg;
-  }();
-  return r;
-}
+PolicyRegistry& registry() { return testing::builtins_and_plugin(KVLAB_EXAMPLE_PLUGIN); }
 
 ModelConfig tiny_config(int max_seq_len = 160) {
   ModelConfig c;
@@ -143,20 +137,12 @@ std::vector<float> masked_reference(const Model& m, const std::vector<int32_t>& 
       std::vector<double> o(size_t(nh) * hd, 0.0);
       for (int hq = 0; hq < nh; ++hq) {
         const int kh = hq / G;
-        std::vector<double> s;
-        std::vector<size_t> js;
-        double mx = -INFINITY;
-        for (size_t j = 0; j <= i; ++j) {
-          if (!mask(l, kh, int64_t(i), int64_t(j))) continue;
-          double d = 0;
-          for (int e = 0; e < hd; ++e) d += q[size_t(hq) * hd + e] * K[l][j][size_t(kh) * hd + e];
-          s.push_back(d / std::sqrt(double(hd))), js.push_back(j);
-          mx = std::max(mx, s.back());
-        }
-        double z = 0;
-        for (double& t : s) z += (t = std::exp(t - mx));
-        for (size_t r = 0; r < s.size(); ++r)
-          for (int e = 0; e < hd; ++e) o[size_t(hq) * hd + e] += s[r] / z * V[l][js[r]][size_t(kh) * hd + e];
+        const testing::ReferenceRow ref = testing::reference_attention_row(
+            q.data() + size_t(hq) * hd, hd, int64_t(i) + 1, 1.0 / std::sqrt(double(hd)),
+            [&](int64_t j) { return K[l][j].data() + size_t(kh) * hd; },
+            [&](int64_t j) { return V[l][j].data() + size_t(kh) * hd; },
+            [&](int64_t j) { return mask(l, kh, int64_t(i), j); });
+        for (int e = 0; e < hd; ++e) o[size_t(hq) * hd + e] = ref.out[e];
       }
       auto ao = matvec(w[l][3], c.dim, nh * hd, o);
       for (int j = 0; j < c.dim; ++j) x[j] += ao[j];

@@ -32,6 +32,7 @@
 #include "framework/engine/engine.h"
 #include "framework/engine/random_model.h"
 #include "framework/kv/kv_store.h"
+#include "framework/policy/layer_kv_cache_view.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/rope.h"
 #include "policies/builtin.h"
@@ -235,7 +236,8 @@ LayerResult run_layers_case(const ModelConfig& cfg, const PolicyRegistry& regist
       st.n_new = n_new;
       st.positions = positions;
       st.queries = q;
-      st.cache = &store.cache_view(seq, layer);
+      const LayerKvCacheView cache(store.layer(seq, layer));
+      st.cache = &cache;
       st.shape = policy_shape(cfg);
       sel.select_all();
       auto t0 = Clock::now();

@@ -5,6 +5,8 @@
 #include <limits>
 
 #include "framework/core/error.h"
+#include "kernels/testing/reference_attention.h"
+#include "policies/builtin.h"
 
 namespace kvlab::testing {
 
@@ -304,23 +306,21 @@ std::vector<float> dense_reference(const SimOptions& o, uint64_t seed, int layer
   std::vector<float> out(size_t(H) * d, 0.f);
   for (int qh = 0; qh < H; ++qh) {
     const int h = qh / G;
-    std::vector<double> s;
-    std::vector<int64_t> js;
-    double m = -1e300;
-    for (int64_t j = 0; j <= i; ++j) {
-      if (!allow(h, j)) continue;
-      double x = 0;
-      for (int f = 0; f < d; ++f) x += double(q[size_t(qh) * d + f]) * keys[j][size_t(h) * d + f];
-      s.push_back(tau * x), js.push_back(j);
-      m = std::max(m, s.back());
-    }
-    double z = 0;
-    for (double& x : s) z += (x = std::exp(x - m));
-    for (size_t t = 0; t < s.size(); ++t)
-      for (int f = 0; f < d; ++f)
-        out[size_t(qh) * d + f] += float(s[t] / z * values[js[t]][size_t(h) * d + f]);
+    const ReferenceRow ref = reference_attention_row(
+        q.data() + size_t(qh) * d, d, i + 1, tau, [&](int64_t j) { return keys[j].data() + size_t(h) * d; },
+        [&](int64_t j) { return values[j].data() + size_t(h) * d; }, [&](int64_t j) { return allow(h, j); });
+    for (int f = 0; f < d; ++f) out[size_t(qh) * d + f] = float(ref.out[f]);
   }
   return out;
+}
+
+PolicyRegistry& builtins_and_plugin(const std::string& plugin_path) {
+  static PolicyRegistry r = [&] {
+    PolicyRegistry reg = make_builtin_registry();
+    reg.load_plugin(plugin_path);
+    return reg;
+  }();
+  return r;
 }
 
 float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {

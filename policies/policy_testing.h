@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "framework/policy/policy.h"
+#include "framework/policy/registry.h"
 
 namespace kvlab::testing {
 
@@ -99,6 +100,10 @@ std::string check_selection(const KeySelection& sel, const LayerStep& step);
 // "" unless needs.prefill_mask is set and a row of this multi-row step reads a valid causal key
 // the mask forbids, or skips one it allows (the promise of policy.h PolicyNeeds::prefill_mask).
 std::string check_prefill_mask(const PolicyNeeds& needs, const KeySelection& sel, const LayerStep& step);
+
+// The built-in registry with the plugin at `plugin_path` loaded, made once per process (the
+// conformance suites run every registered policy, the example plugin included).
+PolicyRegistry& builtins_and_plugin(const std::string& plugin_path);
 
 // A policy and raw parameters for the conformance suites: settings under which each built-in
 // policy (and the example plugin, knorm) evicts or selects within a few dozen tokens, `full`

@@ -14,9 +14,9 @@
 #include "framework/cli/options.h"
 #include "framework/core/error.h"
 #include "framework/engine/engine.h"
-#include "framework/engine/sampler.h"
+#include "kernels/cpu/sampler.h"
 #include "framework/model/model.h"
-#include "framework/policy/cli_policy.h"
+#include "framework/cli/cli_policy.h"
 #include "framework/tokenizer/tokenizer.h"
 #include "policies/builtin.h"
 

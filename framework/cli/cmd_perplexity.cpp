@@ -18,50 +18,15 @@
 #include "framework/cli/options.h"
 #include "framework/core/error.h"
 #include "framework/engine/engine.h"
+#include "framework/experiment/engine_lm.h"
 #include "framework/model/model.h"
-#include "framework/policy/cli_policy.h"
+#include "framework/cli/cli_policy.h"
 #include "framework/tokenizer/tokenizer.h"
 #include "policies/builtin.h"
 
 namespace kvlab::cli {
 
 namespace {
-
-// The engine as the evals see it: one fresh sequence (and policy) per window.
-class EngineLanguageModel : public LanguageModel {
- public:
-  EngineLanguageModel(Engine& engine, PolicyMaker make_policy)
-      : engine_(engine), make_policy_(std::move(make_policy)) {}
-  int32_t vocab_size() const override { return engine_.config().vocab_size; }
-  std::unique_ptr<LmSequence> start() override {
-    return std::make_unique<Seq>(engine_, engine_.start_sequence(make_policy_()));
-  }
-
- private:
-  class Seq : public LmSequence {
-   public:
-    Seq(Engine& e, SeqId id) : e_(e), id_(id) {}
-    ~Seq() override { e_.end_sequence(id_); }
-    const std::vector<float>& prefill(std::span<const int32_t> tokens, bool all_logits) override {
-      check(e_.prefill(id_, tokens, logits_, all_logits));
-      return logits_;
-    }
-    const std::vector<float>& decode(int32_t token) override {
-      check(e_.decode(std::span(&id_, 1), std::span(&token, 1), logits_));
-      return logits_;
-    }
-
-   private:
-    void check(StepStatus s) {
-      if (s != StepStatus::kOk) fail("the engine refused a step: ", step_status_name(s), " after ", e_.n_tokens(id_), " tokens");
-    }
-    Engine& e_;
-    SeqId id_;
-    std::vector<float> logits_;
-  };
-  Engine& engine_;
-  PolicyMaker make_policy_;
-};
 
 std::string read_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -114,7 +79,7 @@ int run_perplexity(const std::vector<std::string>& args) {
   apply_device_options(vm, opts);
   opts.prefill_chunk_tokens = std::max(opts.prefill_chunk_tokens, 1);
   Engine engine(*model, opts);
-  EngineLanguageModel lm(engine, std::move(maker));
+  EngineLm lm(engine, std::move(maker));
 
   PerplexityOptions po_;
   po_.protocol = PplProtocol::kChunked;

@@ -37,9 +37,8 @@ int run_run(const std::vector<std::string>& args) {
   if (o.resume && o.overwrite) fail("--resume and --overwrite exclude each other");
   o.threads = threads;
   if (vm.count("threads") && threads < 0) fail("--threads: expected 0 (all cores) or more, got ", threads);
-  o.device = device;
-  if (device_dtype != "bf16" && device_dtype != "f32") fail("--device-dtype: expected bf16 or f32, got '", device_dtype, "'");
-  o.device_dtype = device_dtype;
+  o.device = parse_device(device, "--device");
+  o.device_dtype = parse_device_dtype(device_dtype, "--device-dtype");
   o.dry_run = vm.count("dry-run") > 0;
   o.shard = parse_shard(shard);
   const ExperimentSpec spec = parse_experiment(experiment);

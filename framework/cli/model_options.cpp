@@ -1,6 +1,7 @@
 #include "framework/cli/model_options.h"
 
 #include "framework/core/error.h"
+#include "framework/engine/device.h"
 
 #include <string>
 
@@ -20,12 +21,8 @@ void add_model_options(po::options_description& desc) {
 }
 
 void apply_device_options(const po::variables_map& vm, EngineOptions& opts) {
-  opts.device = vm["device"].as<std::string>();
-  opts.device_dtype = vm["device-dtype"].as<std::string>();
-  if (opts.device != "cpu" && opts.device != "cuda" && opts.device != "emulated")
-    fail("--device: expected cpu, cuda or emulated, got '", opts.device, "'");
-  if (opts.device_dtype != "bf16" && opts.device_dtype != "f32")
-    fail("--device-dtype: expected bf16 or f32, got '", opts.device_dtype, "'");
+  opts.device = parse_device(vm["device"].as<std::string>(), "--device");
+  opts.device_dtype = parse_device_dtype(vm["device-dtype"].as<std::string>(), "--device-dtype");
 }
 
 std::unique_ptr<Model> load_model_from_options(const po::variables_map& vm) {

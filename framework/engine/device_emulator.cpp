@@ -3,32 +3,33 @@
 // [num_pages, n_kv, page, hd], position and rank pages, block tables and selection lists as
 // uploaded — so the host-side planning (mirror uploads, appends, launch construction, row
 // mapping, key-mass sums) is tested in CI without a GPU. The attention of a launch request is
-// the CPU reference (kernels/cpu attention_naive) over a LayerKv rebuilt from those arrays, which
-// is the contract the CUDA kernels are tested against; the dense layers are the CPU engine's
-// (linear.h, one thread). Everything is fp32 (device dtype only picks the plans: "bf16" has the
-// prefill kernel, as on CUDA; "f32" does not).
+// the CPU reference (kernels/cpu attention_naive) over a LayerKv rebuilt from those arrays and
+// the launch's own selection lists, which is the contract the CUDA kernels are tested against;
+// the dense layers are the CPU backend's (dense_layers.h, one thread) and RoPE is the engine's
+// host table. Everything is fp32 (device dtype only picks the plans: bf16 has the prefill kernel,
+// as on CUDA; f32 does not).
 #include <cmath>
 #include <cstring>
 #include <vector>
 
 #include "framework/core/error.h"
+#include "framework/engine/dense_layers.h"
 #include "framework/engine/device_executor.h"
-#include "framework/engine/linear.h"
-#include "framework/engine/ops.h"
-#include "framework/engine/thread_pool.h"
 #include "kernels/common/masks.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/rope.h"
+#include "kernels/cpu/thread_pool.h"
 
 namespace kvlab {
 namespace {
 
+using engine_detail::DenseLayers;
+
 class EmulatedExecutor final : public DeviceExecutor {
  public:
   explicit EmulatedExecutor(const DeviceExecutorConfig& config)
-      : pool_(1), m_(*config.model), c_(config.model->config), inv_freq_(config.rope_inv_freq),
-        cache_rope_(*config.cache_rope), page_size_(config.page_size),
-        prefill_kernel_(config.dtype == "bf16") {
+      : pool_(1), dense_(*config.model, pool_), c_(config.model->config), rope_(*config.rope),
+        page_size_(config.page_size), prefill_kernel_(config.dtype == DeviceDtype::kBf16) {
     qd_ = c_.n_heads * c_.head_dim;
     kvd_ = c_.n_kv_heads * c_.head_dim;
     const size_t page_meta = size_t(c_.n_kv_heads) * page_size_;
@@ -41,21 +42,17 @@ class EmulatedExecutor final : public DeviceExecutor {
   void begin_call(std::span<const int32_t> tokens) override {
     n_ = static_cast<int>(tokens.size());
     x_.resize(size_t(n_) * c_.dim);
-    for (int r = 0; r < n_; ++r) weight_row_to_float(m_.tok_embeddings, tokens[r], x_.data() + size_t(r) * c_.dim);
+    dense_.embed(tokens, x_.data());
     q_.resize(size_t(n_) * qd_), att_.assign(size_t(n_) * qd_, NAN);
     k_.resize(size_t(n_) * kvd_), v_.resize(size_t(n_) * kvd_);
   }
 
   void qkv(int layer, std::span<const int32_t> rope_pos) override {
-    const LayerWeights& w = m_.layers[layer];
-    norm(w.attn_norm);
-    matmul(w.wq, w.bq, q_.data());
-    matmul(w.wk, w.bk, k_.data());
-    matmul(w.wv, w.bv, v_.data());
+    dense_.qkv(layer, x_.data(), n_, q_.data(), k_.data(), v_.data());
     for (int r = 0; r < n_; ++r) {
       if (rope_pos[r] < 0) continue;
-      rotate(q_.data() + size_t(r) * qd_, c_.n_heads, rope_pos[r]);
-      rotate(k_.data() + size_t(r) * kvd_, c_.n_kv_heads, rope_pos[r]);
+      apply_rope(q_.data() + size_t(r) * qd_, c_.n_heads, c_.head_dim, rope_pos[r], rope_);
+      apply_rope(k_.data() + size_t(r) * kvd_, c_.n_kv_heads, c_.head_dim, rope_pos[r], rope_);
     }
   }
 
@@ -99,7 +96,7 @@ class EmulatedExecutor final : public DeviceExecutor {
     for (int i = 0; i < l.table.batch(); ++i) {
       const int64_t q_pos = l.q_pos[i];
       std::vector<float> request_mass;
-      attend(l.table, i, l.selection, i, q_.data() + size_t(l.rows[i]) * qd_, &q_pos, 1, l.rope_at_read,
+      attend(l.table, i, l.selection, i, q_.data() + size_t(l.rows[i]) * qd_, &q_pos, l.rope_at_read,
              att_.data() + size_t(l.rows[i]) * qd_, stride > 0 ? &request_mass : nullptr);
       if (stride > 0) {
         const int n_slots = static_cast<int>(request_mass.size()) / nkv;
@@ -125,47 +122,31 @@ class EmulatedExecutor final : public DeviceExecutor {
     const PagedKvView<const float> arena = view(l.table);
     for (int r = 0; r < l.n_rows; ++r) {
       SelectionArrays row;
-      row.indptr.assign(1, 0);
+      row.n_rows = 1;
+      row.n_kv_heads = c_.n_kv_heads;
       for (int h = 0; h < c_.n_kv_heads; ++h) {
-        for (int32_t i = l.selection.indptr[h]; i < l.selection.indptr[h + 1]; ++i)
-          for (int32_t s = l.selection.ranges[i].begin; s < l.selection.ranges[i].end; ++s) {
+        for (const SlotRange& range : l.selection.list(0, h))
+          for (int32_t s = range.begin; s < range.end; ++s) {
             const int32_t pos = pos_pages_[arena.slot_meta_offset(0, s, h)];
-            if (pos >= 0 && !mask(l.q_pos[r], pos)) continue;  // holes stay: attention skips them
-            if (!row.ranges.empty() && int(row.ranges.size()) > row.indptr.back() && row.ranges.back().end == s)
-              ++row.ranges.back().end;
-            else
-              row.ranges.push_back({s, s + 1});
+            if (pos < 0 || mask(l.q_pos[r], pos)) row.add(s, s + 1);  // holes stay: attention skips them
           }
-        row.indptr.push_back(static_cast<int32_t>(row.ranges.size()));
+        row.close_list();
         row.list_slots.push_back(l.selection.list_slots[h]);
       }
       const int64_t q_pos = l.q_pos[r];
-      attend(l.table, 0, row, 0, q_.data() + size_t(l.row0 + r) * qd_, &q_pos, 1, l.rope_at_read,
+      attend(l.table, 0, row, 0, q_.data() + size_t(l.row0 + r) * qd_, &q_pos, l.rope_at_read,
              att_.data() + size_t(l.row0 + r) * qd_, nullptr);
     }
   }
 
   void read_attention(float* att) override { std::memcpy(att, att_.data(), att_.size() * sizeof(float)); }
 
-  void finish_layer(int layer) override {
-    const LayerWeights& w = m_.layers[layer];
-    std::vector<float> o(size_t(n_) * c_.dim);
-    linear(pool_, att_.data(), n_, {{w.wo, o.data(), nullptr}}, scratch_);
-    add_inplace(x_.data(), o.data(), int64_t(o.size()));
-    norm(w.ffn_norm);
-    std::vector<float> gate(size_t(n_) * c_.hidden_dim), up(gate.size());
-    linear(pool_, h_.data(), n_, {{w.w_gate, gate.data(), nullptr}, {w.w_up, up.data(), nullptr}},
-           scratch_);
-    swiglu(gate.data(), up.data(), int64_t(gate.size()));
-    linear(pool_, gate.data(), n_, {{w.w_down, o.data(), nullptr}}, scratch_);
-    add_inplace(x_.data(), o.data(), int64_t(o.size()));
-  }
+  void finish_layer(int layer) override { dense_.out_ffn(layer, att_.data(), n_, x_.data()); }
 
   void logits(int row0, int m, float* out) override {
-    std::vector<float> h(size_t(m) * c_.dim);
-    for (int r = 0; r < m; ++r)
-      rms_norm(x_.data() + size_t(row0 + r) * c_.dim, m_.final_norm.data(), c_.dim, c_.rms_eps, h.data() + size_t(r) * c_.dim);
-    linear(pool_, h.data(), m, {{m_.lm_head, out, nullptr}}, scratch_);
+    std::vector<int> rows(m);
+    for (int r = 0; r < m; ++r) rows[r] = row0 + r;
+    dense_.logits(x_.data(), rows, out);
   }
 
  private:
@@ -183,10 +164,10 @@ class EmulatedExecutor final : public DeviceExecutor {
     return v;
   }
 
-  // Attention of `n_rows` query rows over request `b` of `table` reading the n_kv lists of
-  // selection request `sel_request`: the reference over a LayerKv rebuilt from the arrays.
+  // Attention of one query row over request `b` of `table` reading the n_kv lists of selection
+  // request `sel_request`: the reference over a LayerKv rebuilt from the arrays.
   void attend(const BlockTableArrays& table, int b, const SelectionArrays& sel, int sel_request, const float* q,
-              const int64_t* q_pos, int n_rows, bool rope_at_read, float* out, std::vector<float>* mass) {
+              const int64_t* q_pos, bool rope_at_read, float* out, std::vector<float>* mass) {
     const int nkv = c_.n_kv_heads;
     sel.check();
     const PagedKvView<const float> arena = view(table);
@@ -209,29 +190,16 @@ class EmulatedExecutor final : public DeviceExecutor {
       }
     kv.positions = positions.data();
     kv.valid = valid.data();
-    KeySelection ks;
-    ks.begin(n_rows, nkv);
-    for (int r = 0; r < n_rows; ++r)
-      for (int h = 0; h < nkv; ++h) {
-        const int list = sel_request * nkv + h;
-        KVLAB_CHECK(sel.list_slots[list] == kv.n_slots, "selection list of ", sel.list_slots[list],
-                    " slots for a request of ", kv.n_slots);
-        for (int32_t i = sel.indptr[list]; i < sel.indptr[list + 1]; ++i) ks.add(sel.ranges[i].begin, sel.ranges[i].end);
-        ks.close_list();
-      }
-    AttentionArgs a;
-    a.q = q;
-    a.n_rows = n_rows;
-    a.n_heads = c_.n_heads;
-    a.n_kv_heads = nkv;
-    a.head_dim = c_.head_dim;
-    a.q_positions = q_pos;
-    a.kv = kv;
-    a.selection = &ks;
-    a.scale = 1.f / std::sqrt(static_cast<float>(c_.head_dim));
+    for (int h = 0; h < nkv; ++h)
+      KVLAB_CHECK(sel.list_slots[sel_request * nkv + h] == kv.n_slots, "selection list of ",
+                  sel.list_slots[sel_request * nkv + h], " slots for a request of ", kv.n_slots);
+    AttentionArgs a = attention_args(q, 1, c_.n_heads, nkv, c_.head_dim, q_pos, kv,
+                                     1.f / std::sqrt(static_cast<float>(c_.head_dim)));
+    a.selection = &sel;  // the launch's lists of request sel_request
+    a.selection_row = sel_request;
     if (rope_at_read) {
       a.key_rope_pos = ranks.data();
-      a.rope = &cache_rope_;
+      a.rope = &rope_;
     }
     if (mass) {
       mass->assign(size_t(nkv) * kv.n_slots, 0.f);
@@ -241,38 +209,14 @@ class EmulatedExecutor final : public DeviceExecutor {
     attention_naive(a);
   }
 
-  void norm(const std::vector<float>& weight) {
-    h_.resize(size_t(n_) * c_.dim);
-    for (int r = 0; r < n_; ++r)
-      rms_norm(x_.data() + size_t(r) * c_.dim, weight.data(), c_.dim, c_.rms_eps, h_.data() + size_t(r) * c_.dim);
-  }
-  void matmul(const WeightView& w, const std::vector<float>& bias, float* y) {
-    linear(pool_, h_.data(), n_, {{w, y, bias.empty() ? nullptr : bias.data()}}, scratch_);
-  }
-  // RoPE of x [n_heads, hd] at `pos` (the CUDA kernel's angles: pos * inv_freq in double,
-  // cos/sin rounded to float).
-  void rotate(float* x, int n_heads, int32_t pos) const {
-    const int half = c_.head_dim / 2;
-    std::vector<float> co(half), si(half);
-    for (int i = 0; i < half; ++i) {
-      const double angle = double(pos) * inv_freq_[i];
-      co[i] = static_cast<float>(std::cos(angle));
-      si[i] = static_cast<float>(std::sin(angle));
-    }
-    const RopeLayout layout = c_.rope_style == RopeStyle::kNeox ? RopeLayout::kNeox : RopeLayout::kInterleaved;
-    for (int h = 0; h < n_heads; ++h) rope_rotate_head(x + size_t(h) * c_.head_dim, c_.head_dim, layout, co.data(), si.data());
-  }
-
   ThreadPool pool_;
-  LinearScratch scratch_;
-  const Model& m_;
+  DenseLayers dense_;
   const ModelConfig& c_;
-  std::vector<double> inv_freq_;
-  const RopeTable& cache_rope_;
+  const RopeTable& rope_;
   int page_size_;
   bool prefill_kernel_;
   int qd_ = 0, kvd_ = 0, n_ = 0;
-  std::vector<float> x_, h_, q_, k_, v_, att_;
+  std::vector<float> x_, q_, k_, v_, att_;
   std::vector<float> k_pages_, v_pages_;
   std::vector<int32_t> pos_pages_, rank_pages_;
 };

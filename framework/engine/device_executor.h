@@ -1,4 +1,4 @@
-// What a device does for the Engine's device forward pass (device_forward.h): the dense layers,
+// What a device does for the Engine's device backends (device_backend.h): the dense layers,
 // the KV page arenas and the attention launches, driven by host-side plans in the layouts of
 // kernels/cuda (paged_kv.h, key_selection.h). Two implementations:
 //   * CUDA (device_executor_cuda.cpp): cuBLAS and the kernels of kernels/cuda;
@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "framework/engine/device.h"
 #include "framework/engine/device_plan.h"
 #include "framework/model/model.h"
 #include "framework/policy/policy.h"
@@ -73,9 +74,8 @@ struct DeviceExecutorConfig {
   const Model* model = nullptr;
   int num_pages = 0, page_size = 0;
   int64_t max_tokens = 0;           // EngineOptions::max_tokens (bounds cache ranks)
-  std::string dtype = "bf16";       // bf16 | f32 (weights, KV pages, GEMM inputs)
-  std::vector<double> rope_inv_freq;  // model_rope_inv_freq
-  const RopeTable* cache_rope = nullptr;  // rope at read (the CPU engine's table)
+  DeviceDtype dtype = DeviceDtype::kBf16;  // weights, KV pages, GEMM inputs
+  const RopeTable* rope = nullptr;  // the engine's host RoPE (its inv_freq, its rotations)
 };
 
 class DeviceExecutor {

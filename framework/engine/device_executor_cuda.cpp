@@ -15,7 +15,6 @@
 
 #include "framework/core/error.h"
 #include "framework/engine/device_executor.h"
-#include "framework/engine/device_forward.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/decode_attention.h"
 #include "kernels/cuda/device_buffer.h"
@@ -165,12 +164,12 @@ CudaExecutor<T>::CudaExecutor(const DeviceExecutorConfig& config) : c_(config.mo
   }
   final_norm_ = upload_vector(m.final_norm);
 
-  inv_freq_ = DeviceBuffer<double>(config.rope_inv_freq);
+  inv_freq_ = DeviceBuffer<double>(config.rope->inv_freq());
   pairs_ = c_.rope_style == RopeStyle::kNeox ? cuda::RopePairs::kNeox : cuda::RopePairs::kInterleaved;
   // rope at read: cache ranks < the cached tokens <= min(max_tokens, the pool's slots)
   const int n_positions =
       static_cast<int>(std::min<int64_t>(config.max_tokens, int64_t(config.num_pages) * config.page_size)) + 1;
-  rope_table_ = DeviceBuffer<float>(cuda::rope_cos_sin_table(config.rope_inv_freq, n_positions));
+  rope_table_ = DeviceBuffer<float>(cuda::rope_cos_sin_table(config.rope->inv_freq(), n_positions));
   rope_view_.cos_sin = reinterpret_cast<const float2*>(rope_table_.data());
   rope_view_.n_positions = n_positions;
   rope_view_.half = c_.head_dim / 2;
@@ -404,9 +403,8 @@ std::unique_ptr<DeviceExecutor> make_cuda_executor(const DeviceExecutorConfig& c
   if (major < 8)
     fail("device cuda: the kernels need compute capability 8.0 or newer (cp.async, bf16 tensor cores); ",
          cuda_device_summary());
-  if (config.dtype == "bf16") return std::make_unique<CudaExecutor<__nv_bfloat16>>(config);
-  if (config.dtype == "f32") return std::make_unique<CudaExecutor<float>>(config);
-  fail("device cuda: device dtype must be bf16 or f32, got '", config.dtype, "'");
+  if (config.dtype == DeviceDtype::kBf16) return std::make_unique<CudaExecutor<__nv_bfloat16>>(config);
+  return std::make_unique<CudaExecutor<float>>(config);
 }
 
 }  // namespace kvlab

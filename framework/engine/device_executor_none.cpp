@@ -1,7 +1,6 @@
 // The CUDA executor in a kvlab built without CUDA: every request for the GPU is a clear error.
 #include "framework/core/error.h"
 #include "framework/engine/device_executor.h"
-#include "framework/engine/device_forward.h"
 
 namespace kvlab {
 

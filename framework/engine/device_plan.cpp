@@ -45,13 +45,11 @@ void BlockTableArrays::add(const LayerKv& kv) {
   last_page_len.push_back(pages == 0 ? 0 : kv.n_slots - (pages - 1) * kv.view.page_size);
 }
 
-void SelectionArrays::clear() {
-  indptr.assign(1, 0);
-  ranges.clear();
-  list_slots.clear();
-}
-
 void SelectionArrays::add_row(const KeySelection& sel, int row, int n_kv_heads, int n_slots) {
+  if (n_rows == 0) this->n_kv_heads = n_kv_heads;
+  KVLAB_CHECK(this->n_kv_heads == n_kv_heads, "selection lists of ", n_kv_heads, " heads added to a launch of ",
+              this->n_kv_heads);
+  ++n_rows;
   for (int h = 0; h < n_kv_heads; ++h) {
     if (sel.all) {
       if (n_slots > 0) ranges.push_back({0, n_slots});
@@ -77,7 +75,7 @@ void SelectionArrays::check() const {
   for (int l = 0; l < n_lists(); ++l) {
     int32_t prev_end = 0;
     for (int32_t r = indptr[l]; r < indptr[l + 1]; ++r) {
-      const KeyRange kr = ranges[r];
+      const SlotRange kr = ranges[r];
       if (kr.begin < prev_end || kr.end <= kr.begin || kr.end > list_slots[l])
         fail("key selection: list ", l, " range ", r - indptr[l], " [", kr.begin, ", ", kr.end,
              ") is empty, unsorted, overlapping or past the list's ", list_slots[l], " slots");

@@ -10,9 +10,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "framework/policy/policy.h"
-#include "kernels/common/key_selection.h"
 #include "kernels/common/layer_kv.h"
+#include "kernels/common/selection.h"
 
 namespace kvlab {
 
@@ -28,16 +27,18 @@ struct BlockTableArrays {
   void add(const LayerKv& kv);
 };
 
-// Selection lists of a batch: per request, n_kv_heads lists (list = request * n_kv_heads + h),
-// each sorted disjoint slot ranges; list_slots bounds each list (DeviceSelection::upload).
-struct SelectionArrays {
-  std::vector<int32_t> indptr{0};
-  std::vector<KeyRange> ranges;
+// Selection lists of a batch, in the one CSR form (kernels/common/selection.h): a KeySelection
+// with one row per request (list = request * n_kv_heads + h, each sorted disjoint slot ranges),
+// never `all`; list_slots bounds each list (DeviceSelection::upload). The CPU attention reads
+// request b's lists directly (AttentionArgs::selection_row = b).
+struct SelectionArrays : KeySelection {
   std::vector<int32_t> list_slots;
 
-  void clear();
+  SelectionArrays() { begin(0, 0); }
+  void clear() { begin(0, 0); list_slots.clear(); }
   int n_lists() const { return static_cast<int>(list_slots.size()); }
-  // Appends the n_kv_heads lists of query row `row` of `sel`; sel.all gives [0, n_slots).
+  // Appends a request: the n_kv_heads lists of query row `row` of `sel`; sel.all gives
+  // [0, n_slots).
   void add_row(const KeySelection& sel, int row, int n_kv_heads, int n_slots);
   // Most selected slots in any list (what sizes a split-K plan).
   int max_count() const;

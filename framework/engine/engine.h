@@ -1,5 +1,9 @@
-// Engine: the Llama-family forward pass on the CPU, in fp32, over the paged KV store, with a
-// per-sequence attention policy.
+// Engine: the Llama-family forward pass, in fp32 on the CPU (or on a device), over the paged KV
+// store, with a per-sequence attention policy. The Engine is the sequences' lifecycle
+// (start, fork, end; prefill in chunks, batched decode) and one layer loop (engine.cpp) over a
+// Backend for the dense work and the attention (backend.h: CPU, emulated, CUDA) and the
+// attention-step pipeline (attention_step.h) with its observers (probes, budget accounting).
+// docs/architecture.md walks through one decode step and one prefill chunk.
 //
 // Per layer l and call (rows = the new tokens; a prefill chunk has many rows of one sequence,
 // a decode step one row for each sequence of the batch):
@@ -14,8 +18,9 @@
 //   x += Wo attn
 //   h = RMSNorm(x) * ffn_norm;  x += W_down (silu(W_gate h) * (W_up h))
 // then logits = lm_head RMSNorm(x) * final_norm.
-// The dense layers (linear.h) read the weights once per call for all rows: matvec kernels for a
-// few rows (decode), OpenBLAS sgemm for many (prefill). Weights stay in their stored dtype.
+// The dense layers (dense_layers.h, kernels/cpu/linear.h) read the weights once per call for all
+// rows: matvec kernels for a few rows (decode), OpenBLAS sgemm for many (prefill). Weights stay
+// in their stored dtype.
 //
 // Contract: a sequence's tokens are fed in order (prefill and decode may alternate); a call that
 // would pass EngineOptions::max_tokens (default the model's max_seq_len) returns kContextFull
@@ -34,24 +39,28 @@
 #include <unordered_map>
 #include <vector>
 
-#include "framework/engine/thread_pool.h"
+#include "framework/engine/device.h"
 #include "framework/kv/kv_store.h"
 #include "framework/model/model.h"
 #include "framework/policy/policy.h"
 #include "kernels/cpu/rope.h"
+#include "kernels/cpu/thread_pool.h"
 
 namespace kvlab {
 
 namespace engine_detail {
-struct Sequence;  // engine_internal.h
+struct Sequence;  // sequence.h
 struct Group;
+class AttentionStep;   // attention_step.h
+class Backend;         // backend.h
+class BudgetObserver;  // step_observers.h
+class ProbeObserver;
 }  // namespace engine_detail
-class DeviceForward;
 
 enum class StepStatus { kOk, kOutOfBlocks, kContextFull };
 const char* step_status_name(StepStatus status);  // "ok" | "out_of_blocks" | "context_full"
 
-// The model shape policies are created for.
+// The model shape policies are created for (the one conversion: engine, runner, CLI, tests).
 PolicyModelShape policy_shape(const ModelConfig& config);
 
 struct EngineOptions {
@@ -68,14 +77,14 @@ struct EngineOptions {
   bool probe = false;            // attention recall / output error probes (below)
   int probe_every = 16;          // probe every N-th decode step of a sequence
   std::vector<int> probe_layers; // layers probed; empty = first, middle and last
-  // Where the dense layers and attention run: "cpu" (the reference) or "cuda" (the GPU, through
-  // framework/engine/device_forward.h; needs a kvlab built with CUDA and a GPU, else Error);
-  // "emulated" runs the device path with CPU loops in place of the kernels (tests).
-  // Sequences, policies and the paged store's bookkeeping stay on the host either way.
-  std::string device = "cpu";
-  // cuda only: "bf16" (weights, KV pages and GEMM inputs in bf16, fp32 accumulation: the fast
-  // path) or "f32" (fp32 throughout: agrees with the CPU path to float tolerance).
-  std::string device_dtype = "bf16";
+  // Where the dense layers and attention run (device.h): kCpu (the reference), kCuda (the GPU,
+  // device_backend.h; needs a kvlab built with CUDA and a GPU, else Error) or kEmulated (the
+  // device path with CPU loops in place of the kernels: tests). Sequences, policies and the
+  // paged store's bookkeeping stay on the host either way.
+  Device device = Device::kCpu;
+  // Device only: bf16 (weights, KV pages and GEMM inputs in bf16, fp32 accumulation: the fast
+  // path) or f32 (fp32 throughout: agrees with the CPU path to float tolerance).
+  DeviceDtype device_dtype = DeviceDtype::kBf16;
   // cuda: most query rows per decode-kernel launch (prefill chunks that read per-row selections
   // or need key mass run as decode requests, in several launches); bounds its workspace.
   int device_launch_rows = 256;
@@ -151,42 +160,25 @@ class Engine {
  private:
   using Sequence = engine_detail::Sequence;
   using Group = engine_detail::Group;  // rows of one forward call that belong to one sequence
-  struct Scratch;
-  class Rope;
-  friend class DeviceForward;  // the CUDA forward pass reuses the host phases below
 
   Sequence& seq_at(SeqId seq);
   const Sequence& seq_at(SeqId seq) const;
-  // The shared forward pass: one row per token (tokens [n_rows]) grouped by sequence; writes
-  // logits of the rows listed in `logit_rows` into logits [logit_rows.size(), vocab]. Runs on
-  // the CPU, or on the GPU through device_ when opts.device is "cuda".
+  // The layer loop: one row per token (tokens [n_rows]) grouped by sequence; writes logits of
+  // the rows listed in `logit_rows` into logits [logit_rows.size(), vocab].
   void forward(std::span<Group> groups, std::span<const int32_t> tokens,
                std::span<const int> logit_rows, float* logits);
-  // One sequence's attention in one layer, in three phases (a backend runs the middle one for
-  // all sequences of the call at once):
-  //  begin: RoPE (q and k at their text positions unless `text_rope_done`; q at its cache rank
-  //         for rope_at_cache_position policies, always here), append k, v to the store, the
-  //         policy's selection (into g.selection), the rope-at-read ranks and a zeroed key mass;
-  //  cpu_attention: the CPU kernels over the selection (q: [n_rows, n_heads, head_dim]);
-  //  end:   statistics, probes, policy.after_attention and evictions (out: the attention
-  //         output); true when something was evicted.
-  void begin_attention(Group& g, int layer, float* q, float* k, const float* v, bool text_rope_done);
-  void cpu_attention(Group& g, int layer, const float* q, float* out);
-  bool end_attention(Group& g, int layer, const float* out);
-  // q: [n_heads, head_dim] the decode query rotated at its text position.
-  void probe_layer(Group& g, int layer, const float* q, const KeySelection& sel,
-                   const float* policy_out);
   void record_kv_usage(Sequence& s);
 
   const Model& model_;
   EngineOptions opts_;
   ThreadPool pool_;
   std::unique_ptr<KvStore> store_;
-  std::unique_ptr<Rope> rope_;  // RoPE at insertion (and of queries)
-  RopeTable cache_rope_;        // rope-at-read for rope_at_cache_position policies
+  RopeTable rope_;  // RoPE at insertion, of queries at their cache rank, and at read
   std::unordered_map<SeqId, std::unique_ptr<Sequence>> seqs_;
-  std::unique_ptr<Scratch> scratch_;
-  std::unique_ptr<DeviceForward> device_;  // set when opts.device == "cuda"
+  std::unique_ptr<engine_detail::AttentionStep> step_;
+  std::unique_ptr<engine_detail::BudgetObserver> budget_;
+  std::unique_ptr<engine_detail::ProbeObserver> probe_;  // set when opts.probe
+  std::unique_ptr<engine_detail::Backend> backend_;
 };
 
 }  // namespace kvlab

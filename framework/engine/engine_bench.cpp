@@ -34,7 +34,7 @@
 
 #include "framework/core/error.h"
 #include "framework/engine/engine.h"
-#include "framework/engine/linear.h"
+#include "kernels/cpu/linear.h"
 #include "framework/engine/random_model.h"
 
 namespace kvlab {

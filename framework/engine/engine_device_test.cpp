@@ -14,7 +14,7 @@
 #include <random>
 
 #include "framework/core/error.h"
-#include "framework/engine/device_forward.h"
+#include "framework/engine/device.h"
 #include "framework/engine/engine.h"
 #include "framework/engine/random_model.h"
 #include "policies/builtin.h"
@@ -94,8 +94,8 @@ EngineOptions options(int page, const std::string& device, const std::string& dt
   o.threads = 1;
   o.block_size_tokens = page;
   o.prefill_chunk_tokens = 13;
-  o.device = device;
-  o.device_dtype = dtype;
+  o.device = parse_device(device);
+  o.device_dtype = parse_device_dtype(dtype);
   return o;
 }
 

@@ -18,7 +18,7 @@
 
 #include "evals/niah.h"
 #include "evals/perplexity.h"
-#include "framework/engine/device_forward.h"
+#include "framework/engine/device.h"
 #include "framework/engine/engine.h"
 #include "framework/experiment/cells.h"
 #include "framework/experiment/report.h"
@@ -437,7 +437,7 @@ TEST_F(RunE2e, ExistingOutputIsNotOverwrittenAndCudaIsChecked) {
   EXPECT_THROW(run_experiment(*spec_, quiet_options(reference())), Error);
   if (cuda_device_available()) GTEST_SKIP() << "a GPU is present (RunE2e.CudaRunAgreesWithTheCpuRun)";
   RunOptions o = quiet_options(work_dir() / "cuda.h5");
-  o.device = "cuda";
+  o.device = Device::kCuda;
   try {
     run_experiment(*spec_, o);
     ADD_FAILURE() << "--device cuda ran on a machine without a usable GPU";
@@ -454,8 +454,8 @@ TEST_F(RunE2e, ExistingOutputIsNotOverwrittenAndCudaIsChecked) {
 void expect_device_run_agrees(const ExperimentSpec& spec, const fs::path& reference, const std::string& device,
                               const std::string& dtype) {
   RunOptions o = quiet_options(work_dir() / (device + "_" + dtype + ".h5"));
-  o.device = device;
-  o.device_dtype = dtype;
+  o.device = parse_device(device);
+  o.device_dtype = parse_device_dtype(dtype);
   run_experiment(spec, o);
   ResultsFile cpu = ResultsFile::open(reference), dev = ResultsFile::open(o.output);
   ASSERT_EQ(cpu.runs(), dev.runs());

@@ -12,8 +12,8 @@
 #include "evals/niah.h"
 #include "evals/perplexity.h"
 #include "framework/core/error.h"
-#include "framework/engine/device_forward.h"
 #include "framework/engine/engine.h"
+#include "framework/experiment/engine_lm.h"
 #include "framework/experiment/progress.h"
 #include "framework/experiment/report.h"
 #include "framework/experiment/results.h"
@@ -27,99 +27,7 @@ namespace kvlab {
 namespace {
 
 namespace fs = std::filesystem;
-using Clock = std::chrono::steady_clock;
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
-
-double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
-
-// The KV pool (kv.budget_bytes) had no room for a step. Not an LmStepError: the evals would
-// record it as the trial's outcome, but an exhausted pool says nothing about the policy, so the
-// run stops with one error instead (run_experiment adds the file, key and cell).
-class KvPoolExhausted : public Error {
- public:
-  using Error::Error;
-};
-
-// The engine with one run's policy, as the evals see it (evals/lm.h). Keeps the time spent in
-// prefill and decode and the statistics of every sequence when it ends.
-class EngineLm : public LanguageModel {
- public:
-  EngineLm(Engine& engine, const PolicyRegistry& registry, const RunSpec& run,
-           const PolicyModelShape& shape)
-      : engine_(engine), registry_(registry), run_(run), shape_(shape) {}
-
-  int32_t vocab_size() const override { return engine_.config().vocab_size; }
-
-  std::unique_ptr<LmSequence> start() override {
-    auto policy = registry_.create(run_.type, run_.params, shape_, "policies." + run_.name + ".params");
-    return std::make_unique<Seq>(*this, engine_.start_sequence(std::move(policy)));
-  }
-
-  double prefill_s = 0, decode_s = 0;
-  int64_t prefill_tokens = 0, decode_tokens = 0;
-  std::vector<SequenceStats> ended;  // in the order the sequences ended
-  std::function<void(int64_t)> on_tokens;
-
-  void reset_counters() {
-    prefill_s = decode_s = 0;
-    prefill_tokens = decode_tokens = 0;
-    ended.clear();
-  }
-
- private:
-  class Seq : public LmSequence {
-   public:
-    Seq(EngineLm& lm, SeqId id) : lm_(lm), id_(id) {}
-    ~Seq() override {
-      lm_.ended.push_back(lm_.engine_.sequence_stats(id_));
-      lm_.engine_.end_sequence(id_);
-    }
-    const std::vector<float>& prefill(std::span<const int32_t> tokens, bool all_logits) override {
-      const auto t0 = Clock::now();
-      const int64_t before = lm_.engine_.n_tokens(id_);
-      const StepStatus st = lm_.engine_.prefill(id_, tokens, logits_, all_logits);
-      // prefill stops at the chunk that found no room (engine.h): that chunk is the need
-      const int64_t left = int64_t(tokens.size()) - (lm_.engine_.n_tokens(id_) - before);
-      check(st, int(std::min<int64_t>(left, lm_.engine_.options().prefill_chunk_tokens)));
-      lm_.prefill_s += seconds_since(t0);
-      lm_.prefill_tokens += int64_t(tokens.size());
-      if (lm_.on_tokens) lm_.on_tokens(lm_.prefill_tokens + lm_.decode_tokens);
-      return logits_;
-    }
-    const std::vector<float>& decode(int32_t token) override {
-      const auto t0 = Clock::now();
-      check(lm_.engine_.decode(std::span(&id_, 1), std::span(&token, 1), logits_), 1);
-      lm_.decode_s += seconds_since(t0);
-      ++lm_.decode_tokens;
-      if (lm_.on_tokens && lm_.decode_tokens % 16 == 0) lm_.on_tokens(lm_.prefill_tokens + lm_.decode_tokens);
-      return logits_;
-    }
-
-   private:
-    void check(StepStatus s, int n_new) {
-      if (s == StepStatus::kOutOfBlocks) {
-        const KvStore& kv = lm_.engine_.kv();
-        const int64_t held = kv.sequence_blocks(id_), needed = kv.blocks_needed(id_, n_new);
-        throw KvPoolExhausted(str_cat(
-            "the pool holds ", kv.stats().blocks_total, " KV blocks of ", kv.block_bytes(),
-            " bytes; after ", lm_.engine_.n_tokens(id_), " tokens the sequence holds ", held,
-            " and its next step (", n_new, " token", n_new == 1 ? "" : "s", ") needs ", needed,
-            " more, ", kv.free_blocks(), " free: at least ", size_t(held + needed) * kv.block_bytes(),
-            " bytes"));
-      }
-      if (s != StepStatus::kOk)
-        throw LmStepError(str_cat(step_status_name(s), " after ", lm_.engine_.n_tokens(id_), " tokens"));
-    }
-    EngineLm& lm_;
-    SeqId id_;
-    std::vector<float> logits_;
-  };
-
-  Engine& engine_;
-  const PolicyRegistry& registry_;
-  const RunSpec& run_;
-  PolicyModelShape shape_;
-};
 
 std::string read_text(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
@@ -331,10 +239,6 @@ std::string model_config_json(const ModelConfig& c) {
                  ", \"rms_eps\": ", c.rms_eps, "}");
 }
 
-PolicyModelShape shape_of(const ModelConfig& c) {
-  return PolicyModelShape{c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim, c.max_seq_len};
-}
-
 // Tokens a cell keeps in the KV store at most, summed over layers, per the policy's budget.
 int64_t resident_token_layers(const AttentionPolicy& policy, const ModelConfig& c, int64_t n_seen) {
   int64_t sum = 0;
@@ -363,7 +267,7 @@ void dry_run(const ExperimentSpec& spec, const std::vector<RunSpec>& runs,
                            : spec.perplexity.protocol == PplProtocol::kStreaming ? spec.perplexity.tokens
                            : spec.perplexity.protocol == PplProtocol::kChunked   ? spec.perplexity.n_ctx
                                                                                  : spec.perplexity.window;
-    const auto policy = registry.create(run.type, run.params, shape_of(c), "policies." + run.name + ".params");
+    const auto policy = registry.create(run.type, run.params, policy_shape(c), "policies." + run.name + ".params");
     // Resident tokens rounded up to whole blocks per layer (the store's unit).
     const int64_t per_layer = resident_token_layers(*policy, c, tokens) / c.n_layers;
     const int64_t bs = spec.kv.block_size_tokens;
@@ -378,10 +282,9 @@ void dry_run(const ExperimentSpec& spec, const std::vector<RunSpec>& runs,
 
 }  // namespace
 
-void check_device(const std::string& device) {
-  if (device == "cpu" || device == "emulated") return;
-  if (device != "cuda") fail("--device: expected cpu or cuda (or emulated), got '", device, "'");
-  if (!cuda_device_available()) fail("--device cuda: ", cuda_device_summary(), "; use --device cpu");
+void check_device(Device device) {
+  if (device == Device::kCuda && !cuda_device_available())
+    fail("--device cuda: ", cuda_device_summary(), "; use --device cpu");
 }
 
 int run_experiment(const ExperimentSpec& spec, const RunOptions& o) {
@@ -497,9 +400,10 @@ int run_experiment(const ExperimentSpec& spec, const RunOptions& o) {
                  {"seeds", seeds},
                  {"cells_total", int64_t(cells.size())},
                  {"shard", str_cat(o.shard.index, "/", o.shard.count)},
-                 {"device", o.device == "cuda"       ? str_cat("cuda ", o.device_dtype, ": ", cuda_device_summary())
-                            : o.device == "emulated" ? str_cat("emulated ", o.device_dtype)
-                                                     : std::string("cpu")}};
+                 {"device", o.device == Device::kCuda
+                                ? str_cat("cuda ", device_dtype_name(o.device_dtype), ": ", cuda_device_summary())
+                            : o.device == Device::kEmulated ? str_cat("emulated ", device_dtype_name(o.device_dtype))
+                                                            : std::string("cpu")}};
     file = ResultsFile::create(output, root);
   }
   for (const RunSpec& run : runs) {
@@ -545,7 +449,9 @@ int run_experiment(const ExperimentSpec& spec, const RunOptions& o) {
   int n_run = 0;
   for (const CellSpec* cell : todo) {
     const RunSpec& run = runs[cell->run];
-    EngineLm lm(engine, registry, run, shape_of(config));
+    EngineLm lm(engine, [&registry, &run, shape = policy_shape(config)] {
+      return registry.create(run.type, run.params, shape, "policies." + run.name + ".params");
+    });
     if (progress) {
       progress->cell_started(run.name + " " + cell->id);
       lm.on_tokens = [&](int64_t n) { progress->tokens(n); };

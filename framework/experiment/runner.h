@@ -18,6 +18,7 @@
 #include <ostream>
 #include <string>
 
+#include "framework/engine/device.h"
 #include "framework/experiment/cells.h"
 #include "framework/experiment/experiment.h"
 
@@ -28,8 +29,8 @@ struct RunOptions {
   bool resume = false;           // continue an existing file (else it must not exist)
   bool overwrite = false;        // replace an existing file
   int threads = -1;              // -1: model.threads from the YAML (0 = all cores)
-  std::string device = "cpu";    // cpu | cuda
-  std::string device_dtype = "bf16";  // cuda: bf16 | f32 (EngineOptions::device_dtype)
+  Device device = Device::kCpu;  // framework/engine/device.h
+  DeviceDtype device_dtype = DeviceDtype::kBf16;  // EngineOptions::device_dtype
   bool dry_run = false;          // list cells and their estimated KV memory, run nothing
   Shard shard;
   std::FILE* progress = stderr;  // nullptr: no progress display
@@ -42,6 +43,6 @@ struct RunOptions {
 int run_experiment(const ExperimentSpec& spec, const RunOptions& options);
 
 // Throws "--device cuda: ..." unless `device` can be used by this build and machine.
-void check_device(const std::string& device);
+void check_device(Device device);
 
 }  // namespace kvlab

@@ -3,12 +3,13 @@
 
 #include <algorithm>
 #include <cstring>
+#include <utility>
 
 #include "framework/core/error.h"
 
 namespace kvlab {
 
-struct KvStore::LayerCache {
+struct KvStore::LayerTable {  // (kv_store.h: "Memory layout")
   std::vector<int32_t> blocks;     // block table: used blocks, then reserved ones
   int n_slots = 0;                 // slots written (live or holes)
   int pending = 0;                 // reserved slots not yet appended
@@ -20,46 +21,10 @@ struct KvStore::LayerCache {
   bool rescan_blocks = false;      // holes were made under pending slots: check every block
   int32_t indptr[2] = {0, 0};      // view fields, refreshed after every change
   int32_t last_page_len = 0;
-  std::unique_ptr<CacheView> view;
 };
 
 struct KvStore::Sequence {
-  std::vector<LayerCache> layers;
-};
-
-class KvStore::CacheView final : public LayerCacheView {
- public:
-  CacheView(const KvStore* store, const LayerCache* lc) : store_(store), lc_(lc) {}
-  int n_slots() const override { return lc_->n_slots; }
-  bool slot_valid(int slot, int kv_head) const override {
-    check(slot, kv_head);
-    return lc_->valid[index(slot, kv_head)] != 0;
-  }
-  int64_t slot_position(int slot, int kv_head) const override {
-    check(slot, kv_head);
-    return lc_->positions[index(slot, kv_head)];
-  }
-  const int64_t* positions_data() const override { return lc_->positions.data(); }
-  const uint8_t* valid_data() const override { return lc_->valid.data(); }
-  void load_key(int slot, int kv_head, float* out) const override {
-    check(slot, kv_head);
-    const int bs = store_->config_.block_size_tokens;
-    const float* src = store_->pool_.k(lc_->blocks[slot / bs]) +
-                       store_->row_offset(slot % bs, kv_head);
-    std::memcpy(out, src, sizeof(float) * store_->config_.head_dim);
-  }
-
- private:
-  size_t index(int slot, int kv_head) const {
-    return static_cast<size_t>(slot) * store_->config_.n_kv_heads + kv_head;
-  }
-  void check(int slot, int kv_head) const {
-    if (slot < 0 || slot >= lc_->n_slots || kv_head < 0 || kv_head >= store_->config_.n_kv_heads)
-      fail("LayerCacheView: slot ", slot, " / kv_head ", kv_head, " out of range (n_slots ",
-           lc_->n_slots, ", n_kv_heads ", store_->config_.n_kv_heads, ")");
-  }
-  const KvStore* store_;
-  const LayerCache* lc_;
+  std::vector<LayerTable> layers;
 };
 
 namespace {
@@ -93,30 +58,25 @@ size_t KvStore::row_offset(int entry, int kv_head) const {
   return (static_cast<size_t>(kv_head) * config_.block_size_tokens + entry) * config_.head_dim;
 }
 
-KvStore::Sequence& KvStore::seq_at(SeqId seq) {
-  auto it = seqs_.find(seq);
-  if (it == seqs_.end()) fail("KvStore: unknown sequence ", seq);
-  return *it->second;
-}
 const KvStore::Sequence& KvStore::seq_at(SeqId seq) const {
   auto it = seqs_.find(seq);
   if (it == seqs_.end()) fail("KvStore: unknown sequence ", seq);
   return *it->second;
 }
-KvStore::LayerCache& KvStore::layer_at(SeqId seq, int layer) {
-  Sequence& s = seq_at(seq);
-  if (layer < 0 || layer >= config_.n_layers)
-    fail("KvStore: layer ", layer, " out of range [0, ", config_.n_layers, ")");
-  return s.layers[layer];
+KvStore::Sequence& KvStore::seq_at(SeqId seq) {
+  return const_cast<Sequence&>(std::as_const(*this).seq_at(seq));
 }
-const KvStore::LayerCache& KvStore::layer_at(SeqId seq, int layer) const {
+const KvStore::LayerTable& KvStore::layer_at(SeqId seq, int layer) const {
   const Sequence& s = seq_at(seq);
   if (layer < 0 || layer >= config_.n_layers)
     fail("KvStore: layer ", layer, " out of range [0, ", config_.n_layers, ")");
   return s.layers[layer];
 }
+KvStore::LayerTable& KvStore::layer_at(SeqId seq, int layer) {
+  return const_cast<LayerTable&>(std::as_const(*this).layer_at(seq, layer));
+}
 
-void KvStore::refresh_view(LayerCache& lc) {
+void KvStore::refresh_view(LayerTable& lc) {
   const int bs = config_.block_size_tokens;
   const int used = static_cast<int>(ceil_div(lc.n_slots, bs));
   lc.indptr[0] = 0;
@@ -127,9 +87,8 @@ void KvStore::refresh_view(LayerCache& lc) {
 SeqId KvStore::create_sequence() {
   auto s = std::make_unique<Sequence>();
   s->layers.resize(config_.n_layers);
-  for (LayerCache& lc : s->layers) {
+  for (LayerTable& lc : s->layers) {
     lc.live.assign(config_.n_kv_heads, 0);
-    lc.view = std::make_unique<CacheView>(this, &lc);
   }
   const SeqId id = next_id_++;
   seqs_.emplace(id, std::move(s));
@@ -138,22 +97,22 @@ SeqId KvStore::create_sequence() {
 
 void KvStore::free_sequence(SeqId seq) {
   Sequence& s = seq_at(seq);
-  for (LayerCache& lc : s.layers)
+  for (LayerTable& lc : s.layers)
     for (int32_t b : lc.blocks) pool_.release(b);
   seqs_.erase(seq);
 }
 
 SeqId KvStore::fork(SeqId parent) {
   const Sequence& p = seq_at(parent);
-  for (const LayerCache& lc : p.layers)
+  for (const LayerTable& lc : p.layers)
     if (lc.pending != 0)
       fail("KvStore::fork: sequence ", parent, " has reserved slots not yet appended");
   const SeqId child = create_sequence();
   Sequence& c = *seqs_.at(child);
   const int bs = config_.block_size_tokens;
   for (int l = 0; l < config_.n_layers; ++l) {
-    const LayerCache& src = p.layers[l];
-    LayerCache& dst = c.layers[l];
+    const LayerTable& src = p.layers[l];
+    LayerTable& dst = c.layers[l];
     const int used = static_cast<int>(ceil_div(src.n_slots, bs));
     dst.blocks.assign(src.blocks.begin(), src.blocks.begin() + used);
     for (int32_t b : dst.blocks) pool_.retain(b);
@@ -167,7 +126,7 @@ SeqId KvStore::fork(SeqId parent) {
   return child;
 }
 
-int64_t KvStore::layer_blocks_needed(const LayerCache& lc, int n_new) const {
+int64_t KvStore::layer_blocks_needed(const LayerTable& lc, int n_new) const {
   const int bs = config_.block_size_tokens;
   const int64_t cursor = lc.n_slots + lc.pending;  // next slot to be written
   const int64_t have = static_cast<int64_t>(lc.blocks.size());
@@ -181,7 +140,7 @@ int64_t KvStore::layer_blocks_needed(const LayerCache& lc, int n_new) const {
 int64_t KvStore::blocks_needed(SeqId seq, int n_new) const {
   if (n_new < 0) fail("KvStore::blocks_needed: n_new = ", n_new);
   int64_t total = 0;
-  for (const LayerCache& lc : seq_at(seq).layers) total += layer_blocks_needed(lc, n_new);
+  for (const LayerTable& lc : seq_at(seq).layers) total += layer_blocks_needed(lc, n_new);
   return total;
 }
 
@@ -196,13 +155,13 @@ AllocStatus KvStore::reserve(SeqId seq, int n_new) {
   if (n_new == 0) return AllocStatus::kOk;
   const int bs = config_.block_size_tokens;
   int64_t total = 0;
-  for (const LayerCache& lc : s.layers) {
+  for (const LayerTable& lc : s.layers) {
     const int64_t cap = static_cast<int64_t>(lc.n_slots) + lc.pending + n_new;
     if (cap > INT32_MAX - bs) fail("KvStore::reserve: more than 2^31 slots in one layer");
     total += layer_blocks_needed(lc, n_new);
   }
   if (total > pool_.n_free()) return AllocStatus::kOutOfBlocks;
-  for (LayerCache& lc : s.layers) {
+  for (LayerTable& lc : s.layers) {
     const int64_t cursor = lc.n_slots + lc.pending;
     const int64_t have = static_cast<int64_t>(lc.blocks.size());
     for (int64_t b = cursor / bs; b < have && b * bs < cursor + n_new; ++b) {
@@ -226,7 +185,7 @@ AllocStatus KvStore::reserve(SeqId seq, int n_new) {
 }
 
 int KvStore::append(SeqId seq, int layer, int64_t position, const float* k, const float* v) {
-  LayerCache& lc = layer_at(seq, layer);
+  LayerTable& lc = layer_at(seq, layer);
   if (lc.pending <= 0)
     fail("KvStore::append: sequence ", seq, " layer ", layer, " has no reserved slot (call reserve)");
   const int bs = config_.block_size_tokens;
@@ -256,7 +215,7 @@ int KvStore::append(SeqId seq, int layer, int64_t position, const float* k, cons
 }
 
 LayerKv KvStore::layer(SeqId seq, int layer) const {
-  const LayerCache& lc = layer_at(seq, layer);
+  const LayerTable& lc = layer_at(seq, layer);
   LayerKv kv;
   kv.view.page_size = config_.block_size_tokens;
   kv.view.num_kv_heads = config_.n_kv_heads;
@@ -272,10 +231,9 @@ LayerKv KvStore::layer(SeqId seq, int layer) const {
   return kv;
 }
 
-LayerCacheView& KvStore::cache_view(SeqId seq, int layer) { return *layer_at(seq, layer).view; }
 
 void KvStore::evict(SeqId seq, int layer, const Evictions& ev) {
-  LayerCache& lc = layer_at(seq, layer);
+  LayerTable& lc = layer_at(seq, layer);
   const int H = config_.n_kv_heads, bs = config_.block_size_tokens;
   if (ev.slots.empty()) return;
   if (static_cast<int>(ev.slots.size()) != H)
@@ -319,7 +277,7 @@ void KvStore::evict(SeqId seq, int layer, const Evictions& ev) {
   refresh_view(lc);
 }
 
-void KvStore::remove_empty_blocks(LayerCache& lc, std::vector<int32_t>& touched) {
+void KvStore::remove_empty_blocks(LayerTable& lc, std::vector<int32_t>& touched) {
   const int H = config_.n_kv_heads, bs = config_.block_size_tokens;
   std::sort(touched.begin(), touched.end());
   touched.erase(std::unique(touched.begin(), touched.end()), touched.end());
@@ -348,7 +306,7 @@ void KvStore::remove_empty_blocks(LayerCache& lc, std::vector<int32_t>& touched)
   if (renumbered) ++lc.version;
 }
 
-void KvStore::maybe_compact(LayerCache& lc) {
+void KvStore::maybe_compact(LayerTable& lc) {
   const int H = config_.n_kv_heads, bs = config_.block_size_tokens, D = config_.head_dim;
   if (lc.n_slots == 0) return;
   const int64_t max_live = *std::max_element(lc.live.begin(), lc.live.end());
@@ -418,7 +376,7 @@ void KvStore::maybe_compact(LayerCache& lc) {
   ++lc.data_version;
 }
 
-void KvStore::trim_trailing_blocks(LayerCache& lc) {
+void KvStore::trim_trailing_blocks(LayerTable& lc) {
   const int bs = config_.block_size_tokens;
   const size_t keep = static_cast<size_t>(ceil_div(lc.n_slots + lc.pending, bs));
   while (lc.blocks.size() > keep) {
@@ -438,14 +396,14 @@ KvStats KvStore::stats() const {
   st.slots_allocated = st.blocks_in_use * bs;
   int64_t live_cells = 0;
   for (const auto& [id, s] : seqs_)
-    for (const LayerCache& lc : s->layers)
+    for (const LayerTable& lc : s->layers)
       for (int64_t n : lc.live) live_cells += n;
   if (pool_.n_shared() > 0) {
     // A cell of a shared block counts once: live if any sequence holding the block has it
     // live. Only the shared blocks' cells are rescanned.
     std::unordered_map<int32_t, std::vector<uint8_t>> shared_live;  // block -> [bs * H]
     for (const auto& [id, s] : seqs_) {
-      for (const LayerCache& lc : s->layers) {
+      for (const LayerTable& lc : s->layers) {
         const int used = static_cast<int>(ceil_div(lc.n_slots, bs));
         for (int b = 0; b < used; ++b) {
           if (pool_.ref_count(lc.blocks[b]) < 2) continue;
@@ -470,7 +428,7 @@ KvStats KvStore::stats() const {
 }
 
 int64_t KvStore::resident_tokens(SeqId seq, int layer, int kv_head) const {
-  const LayerCache& lc = layer_at(seq, layer);
+  const LayerTable& lc = layer_at(seq, layer);
   if (kv_head < 0 || kv_head >= config_.n_kv_heads)
     fail("KvStore::resident_tokens: kv_head ", kv_head, " out of range");
   return lc.live[kv_head];
@@ -480,7 +438,7 @@ int KvStore::n_slots(SeqId seq, int layer) const { return layer_at(seq, layer).n
 
 int64_t KvStore::sequence_blocks(SeqId seq) const {
   int64_t n = 0;
-  for (const LayerCache& lc : seq_at(seq).layers) n += static_cast<int64_t>(lc.blocks.size());
+  for (const LayerTable& lc : seq_at(seq).layers) n += static_cast<int64_t>(lc.blocks.size());
   return n;
 }
 

@@ -42,8 +42,8 @@
 #include <vector>
 
 #include "framework/kv/block_pool.h"
-#include "framework/policy/policy.h"
 #include "kernels/common/layer_kv.h"
+#include "kernels/common/selection.h"  // Evictions
 
 namespace kvlab {
 
@@ -97,8 +97,9 @@ class KvStore {
   // successful reserve() covering it (Error otherwise).
   int append(SeqId seq, int layer, int64_t position, const float* k, const float* v);
 
-  LayerKv layer(SeqId seq, int layer) const;  // valid until this sequence next changes
-  LayerCacheView& cache_view(SeqId seq, int layer);  // the policy-facing view (policy.h)
+  // One layer's K/V and slot metadata (the kernels' form; policies read it through
+  // framework/policy/layer_kv_cache_view.h). Valid until this sequence next changes.
+  LayerKv layer(SeqId seq, int layer) const;
   // Drops the given (slot, head) cells (Evictions.slots[h], any order). A slot out of range, a
   // hole or a duplicate throws Error (before anything changes). Frees empty blocks, compacts.
   void evict(SeqId seq, int layer, const Evictions& evictions);
@@ -118,20 +119,19 @@ class KvStore {
   int64_t data_version(SeqId seq, int layer) const;
 
  private:
-  struct LayerCache;
+  struct LayerTable;  // one (sequence, layer): block table and slot metadata
   struct Sequence;
-  class CacheView;
 
   Sequence& seq_at(SeqId seq);
   const Sequence& seq_at(SeqId seq) const;
-  LayerCache& layer_at(SeqId seq, int layer);
-  const LayerCache& layer_at(SeqId seq, int layer) const;
-  int64_t layer_blocks_needed(const LayerCache& lc, int n_new) const;
+  LayerTable& layer_at(SeqId seq, int layer);
+  const LayerTable& layer_at(SeqId seq, int layer) const;
+  int64_t layer_blocks_needed(const LayerTable& lc, int n_new) const;
   void copy_block(int32_t dst, int32_t src);
-  void remove_empty_blocks(LayerCache& lc, std::vector<int32_t>& touched_blocks);
-  void maybe_compact(LayerCache& lc);
-  void trim_trailing_blocks(LayerCache& lc);
-  void refresh_view(LayerCache& lc);
+  void remove_empty_blocks(LayerTable& lc, std::vector<int32_t>& touched_blocks);
+  void maybe_compact(LayerTable& lc);
+  void trim_trailing_blocks(LayerTable& lc);
+  void refresh_view(LayerTable& lc);
   size_t row_offset(int entry, int kv_head) const;  // floats from a block's start
 
   KvStoreConfig config_;

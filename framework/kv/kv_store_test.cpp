@@ -14,7 +14,9 @@
 #include <vector>
 
 #include "framework/core/error.h"
+#include "framework/policy/layer_kv_cache_view.h"
 #include "kernels/cpu/attention.h"
+#include "kernels/testing/reference_attention.h"
 
 namespace kvlab {
 namespace {
@@ -86,7 +88,7 @@ void expect_matches(const KvStore& store_c, SeqId seq, const std::vector<HeadTok
   std::vector<float> key(cfg.head_dim);
   for (int l = 0; l < cfg.n_layers; ++l) {
     const LayerKv kv = store.layer(seq, l);
-    const LayerCacheView& view = store.cache_view(seq, l);
+    const LayerCacheView& view = LayerKvCacheView(store.layer(seq, l));
     ASSERT_EQ(kv.view.length(0), kv.n_slots);
     ASSERT_EQ(view.n_slots(), kv.n_slots);
     for (int h = 0; h < cfg.n_kv_heads; ++h) {
@@ -225,7 +227,7 @@ TEST(KvStore, SlidingEvictionFreesBlocks) {
     f.append(store, s, t, model);
     if (static_cast<int>(model[0][0].size()) > window) {
       // Evict the oldest live token (slot 0 after earlier removals? find it).
-      const LayerCacheView& view = store.cache_view(s, 0);
+      const LayerCacheView& view = LayerKvCacheView(store.layer(s, 0));
       int oldest = 0;
       while (!view.slot_valid(oldest, 0)) ++oldest;
       Evictions ev;
@@ -289,7 +291,7 @@ TEST(KvStore, PerHeadEvictionAndCompactionKeepDataExact) {
         const int n_live = static_cast<int>(model[l][0].size());
         if (n_live <= budget) continue;
         const int n_drop = 1 + static_cast<int>(f.rng() % 3);
-        const LayerCacheView& view = store.cache_view(s, l);
+        const LayerCacheView& view = LayerKvCacheView(store.layer(s, l));
         Evictions ev;
         ev.clear(3);
         for (int h = 0; h < 3; ++h) {
@@ -355,7 +357,7 @@ TEST(KvStore, EvictionUnderAPendingReservationDefersBlockRelease) {
   // Evicting everything returns every block.
   ev.clear(2);
   for (int slot = 0; slot < store.n_slots(s, 0); ++slot)
-    if (store.cache_view(s, 0).slot_valid(slot, 0)) ev.evict_all_heads(slot);
+    if (LayerKvCacheView(store.layer(s, 0)).slot_valid(slot, 0)) ev.evict_all_heads(slot);
   store.evict(s, 0, ev);
   EXPECT_EQ(store.n_slots(s, 0), 0);
   EXPECT_EQ(store.free_blocks(), 4);
@@ -455,7 +457,7 @@ TEST(KvStore, RandomOperationsKeepDataAndAccounting) {
         for (int t = 0; t < n; ++t) f.append(store, s, next_pos[s]++, models[s]);
       } else {
         for (int l = 0; l < 2; ++l) {
-          const LayerCacheView& view = store.cache_view(s, l);
+          const LayerCacheView& view = LayerKvCacheView(store.layer(s, l));
           Evictions ev;
           ev.clear(2);
           for (int h = 0; h < 2; ++h) {
@@ -538,35 +540,17 @@ TEST(KvStore, AttentionOverStoreMatchesDenseReference) {
   std::vector<float> q(2 * G * D), out(q.size());
   for (auto& x : q) x = f.nd(f.rng);
   const int64_t qpos = 40;
-  AttentionArgs a;
-  a.q = q.data();
-  a.n_rows = 1;
-  a.n_heads = 2 * G;
-  a.n_kv_heads = 2;
-  a.head_dim = D;
-  a.q_positions = &qpos;
-  a.kv = store.layer(s, 0);
-  a.scale = 1.f / std::sqrt(static_cast<float>(D));
+  AttentionArgs a =
+      attention_args(q.data(), 1, 2 * G, 2, D, &qpos, store.layer(s, 0), 1.f / std::sqrt(static_cast<float>(D)));
   a.out = out.data();
   attention(a, 2);
   for (int h = 0; h < 2 * G; ++h) {
     const auto& toks = model[0][h / G];
-    std::vector<double> p;
-    double m = -1e300;
-    for (const Token& t : toks) {
-      if (t.pos > qpos) { p.push_back(-1e300); continue; }
-      double dot = 0;
-      for (int d = 0; d < D; ++d) dot += double(q[h * D + d]) * t.k[d];
-      p.push_back(dot * a.scale);
-      m = std::max(m, p.back());
-    }
-    double l = 0;
-    for (double& x : p) l += (x = x < -1e299 ? 0 : std::exp(x - m));
-    for (int d = 0; d < D; ++d) {
-      double o = 0;
-      for (size_t j = 0; j < toks.size(); ++j) o += p[j] / l * toks[j].v[d];
-      ASSERT_NEAR(out[h * D + d], o, 1e-5);
-    }
+    const testing::ReferenceRow ref = testing::reference_attention_row(
+        q.data() + h * D, D, static_cast<int64_t>(toks.size()), a.scale,
+        [&](int64_t j) { return toks[j].k.data(); }, [&](int64_t j) { return toks[j].v.data(); },
+        [&](int64_t j) { return toks[j].pos <= qpos; });
+    for (int d = 0; d < D; ++d) ASSERT_NEAR(out[h * D + d], ref.out[d], 1e-5);
   }
 }
 

@@ -281,7 +281,6 @@ void build_weights(Model& model, const TensorTable& table, const TensorNames& na
   model.stored_dtype = b.stored.size() == 1 ? stored : "mixed (" + stored + ")";
 }
 
-#if KVLAB_HAVE_TOKENIZER_LIB
 void attach_tokenizer(Model& model, const LoadOptions& opts,
                       const std::vector<std::filesystem::path>& candidates, const GgufFile* gguf) {
   if (!opts.load_tokenizer && !opts.require_tokenizer) return;
@@ -310,15 +309,6 @@ void attach_tokenizer(Model& model, const LoadOptions& opts,
   model.tokenizer_search = searched;
   if (opts.require_tokenizer) model.require_tokenizer();
 }
-
-#else
-// Built before the tokenizer library existed: models load without a tokenizer.
-void attach_tokenizer(Model& model, const LoadOptions& opts,
-                      const std::vector<std::filesystem::path>& candidates, const GgufFile* gguf) {
-  model.tokenizer_search = "(kvlab built without kvlab_tokenizer)";
-  if (opts.require_tokenizer || !opts.tokenizer_path.empty()) model.require_tokenizer();
-}
-#endif
 
 }  // namespace detail
 

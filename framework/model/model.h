@@ -29,7 +29,7 @@
 #include <string>
 #include <vector>
 
-#include "framework/model/dtype.h"
+#include "kernels/cpu/dtype.h"
 #include "framework/tokenizer/tokenizer.h"
 
 namespace kvlab {

@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "framework/model/dtype.h"
+#include "kernels/cpu/dtype.h"
 #include "framework/model/mapped_file.h"
 
 namespace kvlab {

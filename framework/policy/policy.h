@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "framework/policy/params.h"
+#include "kernels/common/selection.h"  // SlotRange, KeySelection, Evictions
 
 namespace kvlab {
 
@@ -68,7 +69,7 @@ struct PolicyNeeds {
   // A promise: in a multi-row step (a prefill chunk) every row selects exactly the valid cached
   // keys this mask allows at its position, and nothing else. The GPU then runs the chunk on its
   // tensor-core prefill kernel with the mask instead of per-row lists (framework/engine/
-  // device_forward.h); the emulated device executes the mask, so the engine device tests catch
+  // device_backend.h); the emulated device executes the mask, so the engine device tests catch
   // a broken promise. Unset: no promise (per-row lists are used).
   std::optional<PositionMask> prefill_mask;
 };
@@ -106,60 +107,11 @@ struct LayerStep {
   PolicyModelShape shape;
 };
 
-// A half-open range of slots [begin, end).
-struct SlotRange {
-  int32_t begin = 0;
-  int32_t end = 0;
-};
-
-// Which slots each (query row, KV head) may read. Attention always also applies causality by
-// position (key position <= query position) and skips evicted slots, so `all` means "every
-// valid, causal slot" (full attention). Otherwise the ranges of row r and KV head h are
-// ranges[indptr[r * n_kv_heads + h] .. indptr[r * n_kv_heads + h + 1]), sorted, disjoint.
-struct KeySelection {
-  bool all = true;
-  int n_rows = 0;
-  int n_kv_heads = 0;
-  std::vector<int32_t> indptr;  // [n_rows * n_kv_heads + 1]
-  std::vector<SlotRange> ranges;
-
-  void select_all() { all = true; indptr.clear(); ranges.clear(); }
-  // Starts an explicit selection for n_rows x n_kv_heads lists; then call add() in (row, head)
-  // order and close_list() after each list.
-  void begin(int rows, int kv_heads) {
-    all = false; n_rows = rows; n_kv_heads = kv_heads;
-    indptr.assign(1, 0); ranges.clear();
-  }
-  void add(int32_t begin_slot, int32_t end_slot) {
-    if (begin_slot >= end_slot) return;
-    const bool list_open = static_cast<int32_t>(ranges.size()) > indptr.back();
-    if (list_open && ranges.back().end == begin_slot) {
-      ranges.back().end = end_slot;  // merge adjacent ranges of the same list
-      return;
-    }
-    ranges.push_back({begin_slot, end_slot});
-  }
-  void close_list() { indptr.push_back(static_cast<int32_t>(ranges.size())); }
-  std::span<const SlotRange> list(int row, int kv_head) const {
-    const int i = row * n_kv_heads + kv_head;
-    return {ranges.data() + indptr[i], ranges.data() + indptr[i + 1]};
-  }
-};
-
 // What attention observed, when PolicyNeeds asked for it.
 struct StepStats {
   // [n_kv_heads, n_slots]: key_mass[h * n_slots + s]; empty unless key_attention_mass.
   std::span<const float> key_mass;
   int n_slots = 0;
-};
-
-// Slots to drop, per KV head: slots[h] (any order; duplicates and already-evicted slots are
-// errors). Evicting the same slots for every head is the common case (use evict_all_heads).
-struct Evictions {
-  std::vector<std::vector<int32_t>> slots;  // [n_kv_heads][...]
-  void clear(int n_kv_heads) { slots.assign(n_kv_heads, {}); }
-  void evict_all_heads(int32_t slot) { for (auto& s : slots) s.push_back(slot); }
-  bool empty() const { for (auto& s : slots) if (!s.empty()) return false; return true; }
 };
 
 // The reads of a mask-based policy as a pure function of (layer, KV head, query position i,

@@ -1,26 +1,18 @@
-// Registry, parameter validation (map, YAML, CLI) and plugin-loader error reporting.
+// Registry, parameter validation and plugin-loader error reporting (parameters from YAML:
+// framework/experiment/params_yaml_test.cpp; from the command line: framework/cli/cli_policy_test.cpp).
 #include "framework/policy/registry.h"
 
 #include <gtest/gtest.h>
-#include <yaml-cpp/yaml.h>
 
 #include "framework/core/error.h"
-#include "framework/policy/cli_policy.h"
-#include "framework/policy/params_yaml.h"
+#include "framework/core/error_testing.h"
 #include "framework/policy/plugin.h"
 #include "policies/builtin.h"
 
 namespace kvlab {
 namespace {
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using testing::error_of;
 
 const PolicyModelShape kShape{2, 4, 2, 8, 512};
 
@@ -68,50 +60,6 @@ TEST(PolicyRegistry, UnknownAndIllTypedParamsNamePolicyAndKey) {
   EXPECT_NE(e.find("window"), std::string::npos) << e;
   e = error_of([&] { r.create("h2o", {{"units", std::string("tokens")}, {"heavy", 2.5}}, kShape); });
   EXPECT_NE(e.find("whole numbers"), std::string::npos) << e;
-}
-
-TEST(PolicyParams, FromYaml) {
-  YAML::Node n = YAML::Load("{heavy: 0.2, recent: 16, units: tokens, sinks: '4'}");
-  auto raw = raw_params_from_yaml(n, "policies[0].params");
-  EXPECT_EQ(std::get<double>(raw.at("heavy")), 0.2);
-  EXPECT_EQ(std::get<int64_t>(raw.at("recent")), 16);
-  EXPECT_EQ(std::get<std::string>(raw.at("units")), "tokens");
-  EXPECT_EQ(std::get<std::string>(raw.at("sinks")), "4");  // quoted: a string
-  PolicyRegistry r = make_builtin_registry();
-  const std::string e = error_of([&] { r.create("h2o", raw, kShape, "policies[0].params"); });
-  EXPECT_NE(e.find("policies[0].params.sinks"), std::string::npos) << e;
-  EXPECT_NE(error_of([&] { raw_params_from_yaml(YAML::Load("{a: [1, 2]}"), "p"); }).find("p.a"),
-            std::string::npos);
-  EXPECT_NE(error_of([&] { raw_params_from_yaml(YAML::Load("[1, 2]"), "p"); }).find("mapping"),
-            std::string::npos);
-  EXPECT_TRUE(raw_params_from_yaml(YAML::Node(), "p").empty());
-}
-
-TEST(PolicyCli, PolicyAndParamsFromOptions) {
-  namespace po = boost::program_options;
-  po::options_description desc;
-  add_policy_options(desc);
-  const char* argv[] = {"x", "--policy", "sinks", "--policy-param", "recent=32",
-                        "--policy-param", "rope_positions=original"};
-  po::variables_map vm;
-  po::store(po::parse_command_line(7, argv, desc), vm);
-  po::notify(vm);
-  PolicyRegistry r = make_builtin_registry();
-  PolicyMaker make = make_policy_maker_from_options(vm, r, kShape);
-  auto p = make();
-  ASSERT_NE(p, nullptr);
-  EXPECT_EQ(p->budget_tokens(0, 1000), 4 + 32);
-  EXPECT_FALSE(p->needs().rope_at_cache_position);
-
-  PolicyChoice bad;
-  bad.name = "sinks";
-  bad.params = {{"recnt", int64_t(3)}};
-  const std::string e = error_of([&] { make_policy_maker(bad, r, kShape); });
-  EXPECT_NE(e.find("--policy-param.recnt"), std::string::npos) << e;
-  po::variables_map vm2;
-  const char* argv2[] = {"x", "--policy-param", "noequals"};
-  po::store(po::parse_command_line(3, argv2, desc), vm2);
-  EXPECT_NE(error_of([&] { policy_choice_from_options(vm2); }).find("KEY=VALUE"), std::string::npos);
 }
 
 TEST(PolicyPlugin, MissingFileNamesFile) {

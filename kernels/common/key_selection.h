@@ -1,7 +1,13 @@
-// Which keys a query reads, as data the CPU reference and the CUDA kernels share: per list
-// (one list per (request, KV head) in decode and prefill) a sorted set of disjoint slot ranges,
-// in the indptr form of the page table (FlashInfer's paged_kv_t). A page selection is the
-// special case where every range is a whole page ([p * page_size, (p + 1) * page_size)).
+// Which keys a query reads, as data the policies, the CPU kernels and the CUDA kernels share:
+// per list (one list per (query row, KV head) of a step; per (request, KV head) of a device
+// launch) a sorted set of disjoint slot ranges, in the indptr (CSR) form of the page table
+// (FlashInfer's paged_kv_t). A page selection is the special case where every range is a whole
+// page ([p * page_size, (p + 1) * page_size)).
+//
+//   KeySelection      the host-side owner (selection.h): what a policy fills (policy.h), what
+//                     the CPU attention reads, what a device launch uploads.
+//   KeySelectionView  the same lists as plain pointers, plus the key_offset prefix the kernels
+//                     binary-search; host and device (this header, C++17 for nvcc).
 //
 // Kernels walk the n-th selected key of a list: `slot_of(list, n)`, n in [0, count(list)).
 // key_offset[r] = number of selected keys in the ranges before r in the same list (exclusive
@@ -20,15 +26,15 @@
 
 namespace kvlab {
 
-// Half-open slot range [begin, end); same layout as the policy's SlotRange (two int32).
-struct KeyRange {
+// A half-open range of slots [begin, end) (two int32: the device kernels read it as is).
+struct SlotRange {
   int32_t begin = 0;
   int32_t end = 0;
 };
 
 struct KeySelectionView {
   const int32_t* indptr = nullptr;      // [n_lists + 1] into ranges; nullptr = every slot
-  const KeyRange* ranges = nullptr;     // [indptr[n_lists]] sorted, disjoint per list
+  const SlotRange* ranges = nullptr;    // [indptr[n_lists]] sorted, disjoint per list
   const int32_t* key_offset = nullptr;  // [indptr[n_lists]] exclusive prefix of range lengths
 
   KVLAB_HD bool all() const { return indptr == nullptr; }
@@ -88,7 +94,7 @@ KVLAB_HD int keys_up_to_slot(const KeySelectionView& sel, int list, int count, i
 
 // Host: key_offset for every range (restarting at 0 at each list).
 inline std::vector<int32_t> build_key_offsets(const std::vector<int32_t>& indptr,
-                                              const std::vector<KeyRange>& ranges) {
+                                              const std::vector<SlotRange>& ranges) {
   std::vector<int32_t> offsets(ranges.size(), 0);
   for (size_t list = 0; list + 1 < indptr.size(); ++list) {
     int32_t acc = 0;
@@ -106,7 +112,7 @@ inline std::vector<int32_t> build_key_offsets(const std::vector<int32_t>& indptr
 inline void pages_to_ranges(const std::vector<int32_t>& page_indptr,
                             const std::vector<int32_t>& pages, int page_size,
                             const std::vector<int32_t>& list_slots, std::vector<int32_t>& indptr,
-                            std::vector<KeyRange>& ranges) {
+                            std::vector<SlotRange>& ranges) {
   indptr.assign(1, 0);
   ranges.clear();
   for (size_t l = 0; l + 1 < page_indptr.size(); ++l) {

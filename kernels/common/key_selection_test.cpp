@@ -18,7 +18,7 @@ TEST(KeySelection, SlotOfEnumeratesEveryRangeInOrder) {
   for (int trial = 0; trial < 100; ++trial) {
     const int n_lists = 1 + rng() % 6;
     std::vector<int32_t> indptr{0};
-    std::vector<KeyRange> ranges;
+    std::vector<SlotRange> ranges;
     std::vector<std::vector<int>> expected(n_lists);
     for (int l = 0; l < n_lists; ++l) {
       int pos = rng() % 4;
@@ -60,7 +60,7 @@ TEST(KeySelection, PagesToRangesMergesAndCutsTheLastPage) {
   // List 0: pages 0, 1, 3 of a 40-slot request (page 16 -> slots [0,32) and [48,40) = cut to
   // nothing past the length); list 1: page 2 of a 40-slot request -> [32, 40); list 2: none.
   std::vector<int32_t> indptr;
-  std::vector<KeyRange> ranges;
+  std::vector<SlotRange> ranges;
   pages_to_ranges({0, 3, 4, 4}, {0, 1, 3, 2}, 16, {40, 40, 40}, indptr, ranges);
   ASSERT_EQ(indptr, (std::vector<int32_t>{0, 1, 2, 2}));
   ASSERT_EQ(ranges.size(), 2u);

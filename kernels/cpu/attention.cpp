@@ -231,7 +231,7 @@ class KeyWalker {
       all_ = true;
       end_ = a.kv.n_slots;
     } else {
-      ranges_ = a.selection->list(it.row_begin, g_);  // explicit selections: one row per item
+      ranges_ = a.selection->list(a.selection_row + it.row_begin, g_);  // explicit: one row per item
       if (!ranges_.empty()) { cur_ = ranges_[0].begin; end_ = ranges_[0].end; }
     }
   }

@@ -21,13 +21,14 @@
 // threads each item's key_mass column sums are buffered and added per KV head in item order.
 // Results (out, lse, key_mass) are bitwise independent of n_threads.
 //
-// Contract: selection ranges lie in [0, n_slots) (std::invalid_argument otherwise); selection
-// n_rows / n_kv_heads must match. The kernels are pure functions of their arguments.
+// Contract: the ranges of the rows read lie in [0, n_slots) (std::invalid_argument otherwise);
+// the selection has n_kv_heads lists per row and rows [selection_row, selection_row + n_rows).
+// The kernels are pure functions of their arguments.
 #pragma once
 
 #include <cstdint>
 
-#include "framework/policy/policy.h"  // KeySelection (header-only data)
+#include "kernels/common/selection.h"
 #include "kernels/common/layer_kv.h"
 #include "kernels/cpu/rope.h"
 
@@ -39,6 +40,9 @@ struct AttentionArgs {
   const int64_t* q_positions = nullptr;  // [n_rows] causal: key position <= query position
   LayerKv kv;                            // keys/values + slot metadata
   const KeySelection* selection = nullptr;  // nullptr or all => every valid causal slot
+  // Row r reads the lists of selection row selection_row + r (a device launch's selection holds
+  // one row per request, kernels/common/selection.h; the emulator attends request by request).
+  int selection_row = 0;
   float scale = 1.f;                     // 1/sqrt(head_dim)
   // Rope at read (policies with rope_at_cache_position): keys are stored raw and key (slot s,
   // head g) is rotated to position key_rope_pos[s * n_kv_heads + g] before the dot product.
@@ -48,6 +52,20 @@ struct AttentionArgs {
   float* lse = nullptr;       // optional [n_rows, n_heads], natural log
   float* key_mass = nullptr;  // optional [n_kv_heads, n_slots], accumulated (+=)
 };
+
+// The fields every call sets: q [n_rows, n_heads, head_dim] at q_positions [n_rows] over kv,
+// scores scaled by `scale`; the rest (selection, rope at read, outputs) stays default.
+inline AttentionArgs attention_args(const float* q, int n_rows, int n_heads, int n_kv_heads,
+                                    int head_dim, const int64_t* q_positions, const LayerKv& kv,
+                                    float scale) {
+  AttentionArgs a;
+  a.q = q;
+  a.n_rows = n_rows, a.n_heads = n_heads, a.n_kv_heads = n_kv_heads, a.head_dim = head_dim;
+  a.q_positions = q_positions;
+  a.kv = kv;
+  a.scale = scale;
+  return a;
+}
 
 void attention_naive(const AttentionArgs& args);               // reference
 void attention(const AttentionArgs& args, int n_threads = 1);  // tiled online softmax

@@ -28,14 +28,18 @@ inline void check_attention_args(const AttentionArgs& a) {
   if (a.rope != nullptr && a.rope->head_dim() != a.head_dim) bad("rope table head_dim differs");
   if (!selection_is_all(a)) {
     const KeySelection& s = *a.selection;
-    if (s.n_rows != a.n_rows || s.n_kv_heads != a.n_kv_heads ||
-        static_cast<int64_t>(s.indptr.size()) != static_cast<int64_t>(a.n_rows) * a.n_kv_heads + 1)
+    if (a.selection_row < 0 || s.n_rows < a.selection_row + a.n_rows || s.n_kv_heads != a.n_kv_heads ||
+        static_cast<int64_t>(s.indptr.size()) != static_cast<int64_t>(s.n_rows) * a.n_kv_heads + 1)
       bad("selection shape differs from the arguments (finish every list with close_list())");
     if (s.indptr.back() != static_cast<int32_t>(s.ranges.size())) bad("selection indptr/ranges mismatch");
-    for (const SlotRange& r : s.ranges)
+    const int32_t first = s.indptr[static_cast<size_t>(a.selection_row) * a.n_kv_heads];
+    const int32_t last = s.indptr[static_cast<size_t>(a.selection_row + a.n_rows) * a.n_kv_heads];
+    for (int32_t i = first; i < last; ++i) {
+      const SlotRange& r = s.ranges[i];
       if (r.begin < 0 || r.end > a.kv.n_slots || r.begin > r.end)
         bad("selection range [" + std::to_string(r.begin) + ", " + std::to_string(r.end) +
             ") outside [0, " + std::to_string(a.kv.n_slots) + ")");
+    }
   }
 }
 

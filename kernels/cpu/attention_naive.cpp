@@ -1,5 +1,6 @@
-// Reference attention: for each (row, head) materialise the score row over the candidate slots,
-// softmax in double, weighted sum of values. Written for clarity, not speed.
+// Reference attention: for each (row, head) the candidate slots (selection, valid, causal), then
+// the one fp64 dense reference (kernels/testing/reference_attention.h) over them. Written for
+// clarity, not speed.
 #include <cmath>
 #include <limits>
 #include <stdexcept>
@@ -8,6 +9,7 @@
 
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/attention_common.h"
+#include "kernels/testing/reference_attention.h"
 
 namespace kvlab {
 
@@ -15,9 +17,8 @@ void attention_naive(const AttentionArgs& a) {
   check_attention_args(a);
   const int D = a.head_dim, G = a.n_heads / a.n_kv_heads, Hkv = a.n_kv_heads;
   const LayerKv& kv = a.kv;
-  std::vector<float> key(D);
+  std::vector<float> keys;  // rope at read: the candidates' rotated keys [slots, D]
   std::vector<int> slots;
-  std::vector<double> scores;
   for (int r = 0; r < a.n_rows; ++r) {
     for (int h = 0; h < a.n_heads; ++h) {
       const int g = h / G;
@@ -30,38 +31,30 @@ void attention_naive(const AttentionArgs& a) {
       if (selection_is_all(a)) {
         for (int s = 0; s < kv.n_slots; ++s) consider(s);
       } else {
-        for (const SlotRange& range : a.selection->list(r, g))
+        for (const SlotRange& range : a.selection->list(a.selection_row + r, g))
           for (int s = range.begin; s < range.end; ++s) consider(s);
       }
-      // Score row s_j = tau q . k_j (k rotated at read when asked).
-      scores.assign(slots.size(), 0.0);
-      double m = -std::numeric_limits<double>::infinity();
-      for (size_t j = 0; j < slots.size(); ++j) {
-        const float* k = kv.key(slots[j], g);
-        for (int d = 0; d < D; ++d) key[d] = k[d];
-        if (a.rope != nullptr)
-          a.rope->rotate(key.data(), a.key_rope_pos[static_cast<size_t>(slots[j]) * Hkv + g]);
-        double dot = 0;
-        for (int d = 0; d < D; ++d) dot += static_cast<double>(q[d]) * key[d];
-        scores[j] = a.scale * dot;
-        m = std::max(m, scores[j]);
+      // The fp64 dense reference over the candidates (keys rotated at read when asked).
+      if (a.rope != nullptr) {
+        keys.resize(slots.size() * D);
+        for (size_t j = 0; j < slots.size(); ++j) {
+          const float* k = kv.key(slots[j], g);
+          for (int d = 0; d < D; ++d) keys[j * D + d] = k[d];
+          a.rope->rotate(&keys[j * D], a.key_rope_pos[static_cast<size_t>(slots[j]) * Hkv + g]);
+        }
       }
-      double l = 0;
-      for (double& s : scores) l += (s = std::exp(s - m));
+      const testing::ReferenceRow ref = testing::reference_attention_row(
+          q, D, static_cast<int64_t>(slots.size()), a.scale,
+          [&](int64_t j) { return a.rope != nullptr ? &keys[j * D] : kv.key(slots[j], g); },
+          [&](int64_t j) { return kv.value(slots[j], g); }, [](int64_t) { return true; });
       float* out = a.out + (static_cast<size_t>(r) * a.n_heads + h) * D;
-      std::vector<double> acc(D, 0.0);
-      for (size_t j = 0; j < slots.size(); ++j) {
-        const double p = scores[j] / l;
-        const float* v = kv.value(slots[j], g);
-        for (int d = 0; d < D; ++d) acc[d] += p * v[d];
-        if (a.key_mass != nullptr)
-          a.key_mass[static_cast<size_t>(g) * kv.n_slots + slots[j]] += static_cast<float>(p);
-      }
-      for (int d = 0; d < D; ++d) out[d] = static_cast<float>(acc[d]);
+      for (int d = 0; d < D; ++d) out[d] = static_cast<float>(ref.out[d]);
+      if (a.key_mass != nullptr)
+        for (size_t j = 0; j < slots.size(); ++j)
+          a.key_mass[static_cast<size_t>(g) * kv.n_slots + slots[j]] += static_cast<float>(ref.p[j]);
       if (a.lse != nullptr)
         a.lse[static_cast<size_t>(r) * a.n_heads + h] =
-            slots.empty() ? -std::numeric_limits<float>::infinity()
-                          : static_cast<float>(m + std::log(l));
+            slots.empty() ? -std::numeric_limits<float>::infinity() : static_cast<float>(ref.lse);
     }
   }
 }

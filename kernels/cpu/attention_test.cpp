@@ -164,16 +164,9 @@ TEST(Attention, TiledEqualsNaiveSweep) {
         cache_rank_positions(cache.layer(), rank.data());
         const bool rope_at_read = rng() % 3 == 0;
         for (int mode = 0; mode < 2; ++mode) {
-          AttentionArgs a;
-          a.q = q.data();
-          a.n_rows = rows;
-          a.n_heads = H * G;
-          a.n_kv_heads = H;
-          a.head_dim = D;
-          a.q_positions = qpos.data();
-          a.kv = cache.layer();
+          AttentionArgs a = attention_args(q.data(), rows, H * G, H, D, qpos.data(),
+                                           cache.layer(), 1.f / std::sqrt(static_cast<float>(D)));
           a.selection = mode == 0 ? nullptr : &sel;
-          a.scale = 1.f / std::sqrt(static_cast<float>(D));
           float dummy = 0;
           a.key_mass = (rng() % 2) ? &dummy : nullptr;  // run() substitutes a real buffer
           if (rope_at_read) {
@@ -210,15 +203,8 @@ TEST(Attention, FullyMaskedRowsGiveZerosNotNaN) {
   FakeCache cache(16, 2, 64, 40, 0.0, rng);
   std::vector<float> q(2 * 4 * 64, 1.f);
   std::vector<int64_t> qpos = {-5, -1};  // before every key
-  AttentionArgs a;
-  a.q = q.data();
-  a.n_rows = 2;
-  a.n_heads = 4;
-  a.n_kv_heads = 2;
-  a.head_dim = 64;
-  a.q_positions = qpos.data();
-  a.kv = cache.layer();
-  a.scale = 0.125f;
+  AttentionArgs a = attention_args(q.data(), 2, 4, 2, 64, qpos.data(),
+                                   cache.layer(), 0.125f);
   for (bool fast : {false, true}) {
     const Outputs o = run(a, fast, 2);
     for (float x : o.out) ASSERT_EQ(x, 0.f);
@@ -236,15 +222,8 @@ TEST(Attention, KeyMassSumsToRowsTimesGroup) {
   for (auto& x : q) x = nd(rng);
   std::vector<int64_t> qpos(rows, cache.max_position());
   std::vector<float> out(q.size()), mass(2 * 61, 0.f);
-  AttentionArgs a;
-  a.q = q.data();
-  a.n_rows = rows;
-  a.n_heads = 2 * G;
-  a.n_kv_heads = 2;
-  a.head_dim = 32;
-  a.q_positions = qpos.data();
-  a.kv = cache.layer();
-  a.scale = 1.f / std::sqrt(32.f);
+  AttentionArgs a = attention_args(q.data(), rows, 2 * G, 2, 32, qpos.data(),
+                                   cache.layer(), 1.f / std::sqrt(32.f));
   a.out = out.data();
   a.key_mass = mass.data();
   attention(a, 2);
@@ -274,16 +253,9 @@ TEST(Attention, KeyMassChangesNothingElseAndIsThreadIndependent) {
   for (int r = 0; r < rows; ++r) qpos[r] = cache.max_position() - 5 * (rows - 1 - r);
   const KeySelection sel = random_selection(rows, 2, 300, rng);
   for (int mode = 0; mode < 2; ++mode) {
-    AttentionArgs a;
-    a.q = q.data();
-    a.n_rows = rows;
-    a.n_heads = 2 * G;
-    a.n_kv_heads = 2;
-    a.head_dim = 64;
-    a.q_positions = qpos.data();
-    a.kv = cache.layer();
+    AttentionArgs a = attention_args(q.data(), rows, 2 * G, 2, 64, qpos.data(),
+                                     cache.layer(), 0.125f);
     a.selection = mode == 0 ? nullptr : &sel;
-    a.scale = 0.125f;
     const Outputs plain = run(a, true, 1);
     float dummy = 0;
     a.key_mass = &dummy;  // run() substitutes a real buffer
@@ -326,17 +298,9 @@ TEST(Attention, RopeAtReadEqualsPreRotatedKeys) {
       std::normal_distribution<float> nd(0.f, 1.f);
       for (auto& x : q) x = nd(rng);
       std::vector<int64_t> qpos = {raw.max_position(), raw.max_position() / 2};
-      AttentionArgs a;
-      a.q = q.data();
-      a.n_rows = rows;
-      a.n_heads = H * G;
-      a.n_kv_heads = H;
-      a.head_dim = D;
-      a.q_positions = qpos.data();
-      a.scale = 0.125f;
+      AttentionArgs a = attention_args(q.data(), rows, H * G, H, D, qpos.data(), rotated.layer(), 0.125f);
       float dummy;
       a.key_mass = &dummy;
-      a.kv = rotated.layer();
       const Outputs ref = run(a, false, 1);
       a.kv = raw.layer();
       a.rope = &table;
@@ -356,14 +320,7 @@ TEST(Attention, RejectsOutOfRangeSelection) {
   sel.begin(1, 1);
   sel.add(5, 11);
   sel.close_list();
-  AttentionArgs a;
-  a.q = q.data();
-  a.n_rows = 1;
-  a.n_heads = 1;
-  a.n_kv_heads = 1;
-  a.head_dim = 32;
-  a.q_positions = qpos.data();
-  a.kv = cache.layer();
+  AttentionArgs a = attention_args(q.data(), 1, 1, 1, 32, qpos.data(), cache.layer(), 1.f);
   a.selection = &sel;
   a.out = out.data();
   EXPECT_THROW(attention(a, 1), std::invalid_argument);

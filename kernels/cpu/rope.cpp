@@ -37,6 +37,15 @@ std::vector<double> rope_inv_freq(const RopeConfig& c) {
       }
     }
   }
+  if (!c.freq_factors.empty()) {
+    if (static_cast<int>(c.freq_factors.size()) != half)
+      throw std::invalid_argument("RoPE: " + std::to_string(c.freq_factors.size()) +
+                                  " frequency factors, expected head_dim/2 = " + std::to_string(half));
+    for (int i = 0; i < half; ++i) {
+      if (!(c.freq_factors[i] > 0)) throw std::invalid_argument("RoPE: frequency factors must be > 0");
+      inv[i] /= c.freq_factors[i];
+    }
+  }
   return inv;
 }
 
@@ -85,13 +94,19 @@ void rope_rotate_head(float* x, int head_dim, RopeLayout layout, const float* c,
   }
 }
 
-void RopeTable::rotate(float* x, int64_t pos) const {
-  const int half = config_.head_dim / 2;
-  if (const float* c = cos_row(pos)) {
-    rope_rotate_head(x, config_.head_dim, config_.layout, c, sin_row(pos));
+namespace {
+
+// Rotates n_heads head vectors of x to `pos`: the table's row, or (past the table) the angles
+// computed once into stack buffers for head_dim <= 512 (this runs per key in attention).
+void rotate_heads(const RopeTable& t, float* x, int n_heads, int64_t pos) {
+  const int d = t.head_dim(), half = d / 2;
+  const RopeLayout layout = t.config().layout;
+  if (const float* c = t.cos_row(pos)) {
+    const float* s = t.sin_row(pos);
+    for (int h = 0; h < n_heads; ++h) rope_rotate_head(x + static_cast<size_t>(h) * d, d, layout, c, s);
     return;
   }
-  constexpr int kStackHalf = 256;  // head_dim <= 512 needs no heap (this runs per key in attention)
+  constexpr int kStackHalf = 256;
   float c_stack[kStackHalf], s_stack[kStackHalf];
   std::vector<float> c_heap, s_heap;
   float* c = c_stack;
@@ -102,27 +117,19 @@ void RopeTable::rotate(float* x, int64_t pos) const {
     c = c_heap.data();
     s = s_heap.data();
   }
-  angles(pos, c, s);
-  rope_rotate_head(x, config_.head_dim, config_.layout, c, s);
+  t.angles(pos, c, s);
+  for (int h = 0; h < n_heads; ++h) rope_rotate_head(x + static_cast<size_t>(h) * d, d, layout, c, s);
 }
+
+}  // namespace
+
+void RopeTable::rotate(float* x, int64_t pos) const { rotate_heads(*this, x, 1, pos); }
 
 void apply_rope(float* x, int n_heads, int head_dim, int64_t pos, const RopeTable& table) {
   if (head_dim != table.head_dim())
     throw std::invalid_argument("apply_rope: head_dim " + std::to_string(head_dim) +
                                 " != table head_dim " + std::to_string(table.head_dim()));
-  const int half = head_dim / 2;
-  const float* c = table.cos_row(pos);
-  const float* s = table.sin_row(pos);
-  std::vector<float> cs, ss;
-  if (c == nullptr) {  // past the table: compute once for all heads
-    cs.resize(half);
-    ss.resize(half);
-    table.angles(pos, cs.data(), ss.data());
-    c = cs.data();
-    s = ss.data();
-  }
-  for (int h = 0; h < n_heads; ++h)
-    rope_rotate_head(x + static_cast<size_t>(h) * head_dim, head_dim, table.config().layout, c, s);
+  rotate_heads(table, x, n_heads, pos);
 }
 
 }  // namespace kvlab

@@ -14,8 +14,12 @@
 //     wavelen > L / low_freq_factor         -> inv_freq_i / factor   (low frequencies scaled)
 //     otherwise, s = (L / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor):
 //                                           -> (1 - s) inv_freq_i / factor + s inv_freq_i
+// Per-pair frequency factors (GGUF rope_freqs.weight, Llama 3 style checkpoints): after the
+// scaling above, inv_freq_i /= freq_factors[i] (the model then uses scaling "none").
 // Angles, cos and sin are computed in double and stored as float, so the table and the direct
-// computation used past the table's end give identical values.
+// computation used past the table's end give identical values. This is the one host RoPE: the
+// engine rotates at insertion and at read with it, the emulated device uses it, and the CUDA
+// kernels take its inv_freq (kernels/cuda/rope_table.h) and are tested against it.
 //
 // kernels/ depends on nothing in framework/: RopeLayout mirrors kvlab::RopeStyle
 // (framework/model/model.h) enumerator for enumerator, and RopeScalingKind mirrors
@@ -38,6 +42,7 @@ struct RopeConfig {
   double factor = 1.0;      // linear and llama3
   double low_freq_factor = 1.0, high_freq_factor = 4.0;  // llama3
   int64_t original_max_position = 8192;                  // llama3
+  std::vector<double> freq_factors;  // empty, or [head_dim / 2] per-pair divisors (all > 0)
 };
 
 // Scaled inverse frequencies inv_freq[d/2] of a config (the formulas above).
@@ -54,6 +59,7 @@ class RopeTable {
 
   const RopeConfig& config() const { return config_; }
   int head_dim() const { return config_.head_dim; }
+  const std::vector<double>& inv_freq() const { return inv_freq_; }  // [d/2], rope_inv_freq
   int64_t n_positions() const { return n_positions_; }
 
   // cos and sin of the d/2 angles at `pos` into cos_out[d/2], sin_out[d/2].
@@ -77,7 +83,7 @@ class RopeTable {
   std::vector<float> cos_, sin_;  // [n_positions, d/2]
 };
 
-// Rotates x[n_heads, head_dim] in place: every head to position `pos`.
+// Rotates x[n_heads, head_dim] in place: every head to position `pos` (no allocation).
 // head_dim must equal table.head_dim() (std::invalid_argument otherwise).
 void apply_rope(float* x, int n_heads, int head_dim, int64_t pos, const RopeTable& table);
 

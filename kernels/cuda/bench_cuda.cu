@@ -119,7 +119,7 @@ void bench_decode(std::vector<Row>& rows, bool quick) {
   DeviceBuffer<int32_t> dpos(pos_host);
   // 25% of the pages of every (request, KV head), the last page always among them.
   std::vector<int32_t> sel_indptr{0};
-  std::vector<KeyRange> ranges;
+  std::vector<SlotRange> ranges;
   for (int l = 0; l < batch * hkv; ++l) {
     std::vector<int> chosen(pages_per_seq);
     std::iota(chosen.begin(), chosen.end(), 0);
@@ -132,19 +132,12 @@ void bench_decode(std::vector<Row>& rows, bool quick) {
   }
   const std::vector<int32_t> offsets = build_key_offsets(sel_indptr, ranges);
   DeviceBuffer<int32_t> dsel_indptr(sel_indptr), dsel_off(offsets);
-  DeviceBuffer<KeyRange> dranges(ranges);
+  DeviceBuffer<SlotRange> dranges(ranges);
   DeviceBuffer<float> mass(size_t(batch) * hkv * ctx);
   mass.zero();
 
   DecodeParams<T> p;
-  p.kv.page_size = page;
-  p.kv.num_kv_heads = hkv;
-  p.kv.head_dim = d;
-  p.kv.k_data = k.data();
-  p.kv.v_data = v.data();
-  p.kv.indptr = dindptr.data();
-  p.kv.indices = dindices.data();
-  p.kv.last_page_len = dlast.data();
+  p.kv = {page, hkv, d, k.data(), v.data(), dindptr.data(), dindices.data(), dlast.data()};
   p.q = q.data();
   p.batch = batch;
   p.num_qo_heads = hq;
@@ -203,14 +196,7 @@ void bench_prefill(std::vector<Row>& rows, bool quick) {
         dlast(std::vector<int32_t>{len - (num_pages - 1) * page}), dqo(std::vector<int32_t>{0, len});
     DeviceBuffer<float> out(size_t(len) * hq * d), lse(size_t(len) * hq);
     PrefillParams<T> p;
-    p.kv.page_size = page;
-    p.kv.num_kv_heads = hkv;
-    p.kv.head_dim = d;
-    p.kv.k_data = k.data();
-    p.kv.v_data = v.data();
-    p.kv.indptr = dindptr.data();
-    p.kv.indices = dindices.data();
-    p.kv.last_page_len = dlast.data();
+    p.kv = {page, hkv, d, k.data(), v.data(), dindptr.data(), dindices.data(), dlast.data()};
     p.q = q.data();
     p.qo_indptr = dqo.data();
     p.batch = 1;

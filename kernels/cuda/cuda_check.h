@@ -1,5 +1,6 @@
-// The one CUDA macro: check a runtime (or cuBLAS) call and throw kvlab::Error naming the call,
-// the file and line, and the error string. Never aborts (STYLE.md: library code throws).
+// The one CUDA macro: check a runtime (or cuBLAS) call and throw kvlab::Error
+// (kernels/common/error.h) naming the call, the file and line, and the error string. Never
+// aborts (STYLE.md: library code throws).
 //
 // Also: device discovery for tests and benchmarks (no device -> tests skip with a message).
 #pragma once
@@ -8,7 +9,7 @@
 
 #include <string>
 
-#include "framework/core/error.h"
+#include "kernels/common/error.h"
 
 #define KVLAB_CUDA_CHECK(call)                                                               \
   do {                                                                                       \

@@ -16,6 +16,7 @@
 
 #include "kernels/common/online_softmax.h"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/kv_tile.cuh"
 #include "kernels/cuda/numeric.cuh"
 
 namespace kvlab::cuda {
@@ -112,44 +113,12 @@ decode_partial_kernel(const DecodeParams<T> p, const int group, const int keys_p
   for (int e = tid; e < group * kHeadDim; e += kThreads)
     q_s[e] = p.q[(size_t(b) * p.num_qo_heads + qo_head0) * kHeadDim + e] * p.scale;
 
-  // Issues the copies of the selected keys [n0, n0 + kTile) into a stage: K and V rows and each
-  // key's position (copied asynchronously too, so no load waits on the position). Rows past the
-  // split read as zeros; holes and masked keys are copied (finite data of a live page) and get
-  // -inf scores from the position test at compute time.
+  // The selected keys [n0, n0 + kTile) of the split into a stage (kv_tile.cuh).
   auto load_tile = [&](int stage, int n0) {
-    int range = -1;  // this thread's cursor in the selection's ranges
-#pragma unroll
-    for (int i = 0; i < Shape::kLoadsPerThread; ++i) {
-      const int c = tid + i * kThreads;
-      const int row = c / Shape::kRowChunks, col = c % Shape::kRowChunks;
-      const int n = n0 + row;
-      const bool in_split = n < span.end;
-      int slot = 0;
-      if (in_split) {
-        slot = n;
-        if (!p.sel.all()) {  // rows grow with i: one search, then walk the ranges forward
-          range = range < 0 ? p.sel.range_of(list, n) : p.sel.advance(range, n);
-          slot = p.sel.slot_in_range(range, n);
-        }
-      }
-      const size_t src = in_split ? p.kv.slot_offset(b, slot, kv_head) + size_t(col) * Shape::kVec : 0;
-      const size_t dst = size_t(stage) * Shape::kStageElems + size_t(row) * Shape::kRowStride +
-                         size_t(col) * Shape::kVec;
-      cp_async_16(k_tile + dst, p.kv.k_data + src, in_split);
-      cp_async_16(v_tile + dst, p.kv.v_data + src, in_split);
-      if (col == 0) {
-        if (p.kv_pos != nullptr) {
-          cp_async_4(pos_s + stage * kTile + row,
-                     p.kv_pos + (in_split ? p.kv.slot_meta_offset(b, slot, kv_head) : 0), in_split);
-        } else {
-          pos_s[stage * kTile + row] = slot;
-        }
-        if (p.key_rope_pos != nullptr)
-          cp_async_4(rope_pos_s + stage * kTile + row,
-                     p.key_rope_pos + (in_split ? p.kv.slot_meta_offset(b, slot, kv_head) : 0),
-                     in_split);
-      }
-    }
+    load_kv_tile<Shape::kRowChunks, Shape::kVec, Shape::kLoadsPerThread, kThreads>(
+        p, b, kv_head, list, n0, span.end, tid, k_tile + size_t(stage) * Shape::kStageElems,
+        v_tile + size_t(stage) * Shape::kStageElems, Shape::kRowStride, pos_s + stage * kTile,
+        rope_pos_s + stage * kTile);
   };
 
   SoftmaxState st[2];  // heads warp and warp + kWarps, held (identically) by every lane
@@ -342,13 +311,7 @@ void launch_decode(const DecodeParams<T>& p, const DecodePlan& plan, DecodeWorks
     ws.scores.reserve(rows * size_t(plan.max_keys > 0 ? plan.max_keys : 1));
     scores = ws.scores.data();
   }
-  static const bool attr_set = [] {
-    KVLAB_CUDA_CHECK(cudaFuncSetAttribute(decode_partial_kernel<T, kHeadDim>,
-                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          static_cast<int>(Shape::kSmemBytes)));
-    return true;
-  }();
-  (void)attr_set;
+  allow_dynamic_smem_once_for<decode_partial_kernel<T, kHeadDim>>(Shape::kSmemBytes);
   const dim3 grid(plan.num_splits, p.kv.num_kv_heads, p.batch);
   decode_partial_kernel<T, kHeadDim><<<grid, kThreads, Shape::kSmemBytes, stream>>>(
       p, group, plan.keys_per_split, plan.max_keys, ws.partial_out.data(), ws.partial_lse.data(),

@@ -1,4 +1,4 @@
-// Decode attention on the GPU against a plain-loop reference over the same paged cache, swept
+// Decode attention on the GPU against the fp64 dense reference over the same paged cache, swept
 // over awkward shapes: page sizes 1/7/16, head dims 64/128, GQA 1/4/8, lengths not a multiple
 // of the page, holes, window/sink masks, empty / full / random selections, 1 or many splits,
 // bf16 / fp16 / fp32 storage, with and without the key-mass statistics. Skips without a GPU.
@@ -13,6 +13,7 @@
 #include "kernels/common/online_softmax.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/test_util.h"
+#include "kernels/testing/reference_attention.h"
 
 namespace kvlab::cuda {
 namespace {
@@ -20,28 +21,19 @@ namespace {
 using testing::DevicePagedKv;
 using testing::HostPagedKv;
 
-struct HostSelection {
-  bool all = true;
-  std::vector<int32_t> indptr;
-  std::vector<KeyRange> ranges;
-  std::vector<int32_t> offsets;
-  KeySelectionView view() const {
-    if (all) return {};
-    return {indptr.data(), ranges.data(), offsets.data()};
-  }
-};
+using testing::HostSelection;
 
 struct Reference {
   std::vector<float> out, lse, mass;
 };
 
-// Plain loops: materialise every score of the selected keys, softmax in double.
-// rope: 0 keys used as stored, 1 interleaved / 2 neox rotation at read to rope_pos.
+// The fp64 dense reference (kernels/testing) over each list's selected keys, holes and masked
+// keys excluded. rope: 0 keys used as stored, 1 interleaved / 2 neox rotation at read to rope_pos
+// by the host RoPE.
 Reference reference_decode(const HostPagedKv& kv, const std::vector<float>& q, int num_qo_heads,
                            const std::vector<int32_t>& q_pos, const HostSelection& sel,
                            const WindowSinkMask& mask, float scale, int mass_stride, int rope = 0,
-                           const std::vector<int32_t>& rope_pos = {},
-                           const std::vector<float>& table = {}) {
+                           const std::vector<int32_t>& rope_pos = {}, const RopeTable* host_rope = nullptr) {
   const auto view = kv.view();
   const int batch = static_cast<int>(kv.lengths.size()), hkv = kv.num_kv_heads,
             d = kv.head_dim, group = num_qo_heads / hkv;
@@ -54,35 +46,24 @@ Reference reference_decode(const HostPagedKv& kv, const std::vector<float>& q, i
     for (int h = 0; h < num_qo_heads; ++h) {
       const int kvh = h / group, list = b * hkv + kvh;
       const int count = sv.count(list, kv.lengths[b]);
-      std::vector<double> s(count, -INFINITY);
-      double m = -INFINITY;
-      for (int n = 0; n < count; ++n) {
-        const int slot = sv.slot_of(list, n);
-        const int pos = kv.kv_pos[view.slot_meta_offset(b, slot, kvh)];
-        if (pos < 0 || !mask(q_pos[b], pos)) continue;
-        double dot = 0;
-        const float* k = kv.k.data() + view.slot_offset(b, slot, kvh);
-        std::vector<float> rotated;
-        if (rope != 0) {
-          rotated = testing::rotate_key(k, d, rope_pos[view.slot_meta_offset(b, slot, kvh)], rope == 2, table);
-          k = rotated.data();
-        }
-        for (int f = 0; f < d; ++f) dot += double(q[(size_t(b) * num_qo_heads + h) * d + f]) * k[f];
-        s[n] = dot * scale;
-        m = std::max(m, s[n]);
-      }
-      if (m == -INFINITY) continue;
-      double l = 0;
-      for (double x : s) l += std::exp(x - m);
-      for (int n = 0; n < count; ++n) {
-        const double pr = std::exp(s[n] - m) / l;
-        if (pr == 0) continue;
-        const int slot = sv.slot_of(list, n);
-        const float* v = kv.v.data() + view.slot_offset(b, slot, kvh);
-        for (int f = 0; f < d; ++f) r.out[(size_t(b) * num_qo_heads + h) * d + f] += float(pr * v[f]);
-        r.mass[size_t(list) * mass_stride + slot] += float(pr);
-      }
-      r.lse[size_t(b) * num_qo_heads + h] = float(m + std::log(l));
+      std::vector<float> rotated;  // the key being read, rotated (used before the next key_of)
+      const ::kvlab::testing::ReferenceRow row = testing::reference_list_row(
+          kv, sv, b, kvh, q.data() + (size_t(b) * num_qo_heads + h) * d, scale,
+          [&](int slot) {
+            const float* k = kv.k.data() + view.slot_offset(b, slot, kvh);
+            if (rope == 0) return k;
+            rotated = testing::rotate_key(k, d, rope_pos[view.slot_meta_offset(b, slot, kvh)], *host_rope);
+            return static_cast<const float*>(rotated.data());
+          },
+          [&](int slot) {
+            const int pos = kv.kv_pos[view.slot_meta_offset(b, slot, kvh)];
+            return pos >= 0 && mask(q_pos[b], pos);
+          });
+      if (std::isinf(row.lse)) continue;
+      for (int f = 0; f < d; ++f) r.out[(size_t(b) * num_qo_heads + h) * d + f] = float(row.out[f]);
+      for (int n = 0; n < count; ++n)
+        if (row.p[n] != 0) r.mass[size_t(list) * mass_stride + sv.slot_of(list, n)] += float(row.p[n]);
+      r.lse[size_t(b) * num_qo_heads + h] = float(row.lse);
     }
   }
   return r;
@@ -148,16 +129,17 @@ void run_case(const Case& c, uint32_t seed) {
     for (int h = 0; h < c.hkv; ++h) max_keys = std::max(max_keys, sel.view().count(b * c.hkv + h, c.lengths[b]));
   }
   const std::vector<int32_t> rope_pos = testing::cache_rank_positions(kv);
-  const std::vector<float> table = rope_cos_sin_table(rope_inv_freq(10000.0, c.head_dim), max_len);
+  const RopeTable host_rope = testing::host_rope(c.head_dim, c.rope == 2, max_len);
+  const std::vector<float> table = rope_cos_sin_table(host_rope.inv_freq(), max_len);
   const Reference ref = reference_decode(kv, q, hq, q_pos, sel, c.mask, scale, max_len, c.rope,
-                                         rope_pos, table);
+                                         rope_pos, &host_rope);
   DeviceBuffer<int32_t> drope_pos(rope_pos);
   DeviceBuffer<float> dtable(table);
 
   DevicePagedKv<T> dkv(kv);
   DeviceBuffer<float> dq(q), dout(size_t(batch) * hq * c.head_dim), dlse(size_t(batch) * hq);
   DeviceBuffer<int32_t> dqpos(q_pos), dsel_indptr(sel.indptr), dsel_offsets(sel.offsets);
-  DeviceBuffer<KeyRange> dsel_ranges(sel.ranges);
+  DeviceBuffer<SlotRange> dsel_ranges(sel.ranges);
   DeviceBuffer<float> dmass(size_t(batch) * c.hkv * max_len);
   dmass.zero();
   dout.zero();

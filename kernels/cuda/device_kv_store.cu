@@ -11,6 +11,17 @@
 
 namespace kvlab::cuda {
 
+namespace {
+
+// dst = src on the device (room for at least one element, so an empty list still has a pointer).
+template <class T>
+void upload_all(DeviceBuffer<T>& dst, const std::vector<T>& src, cudaStream_t stream) {
+  dst.reserve(src.size() > 0 ? src.size() : 1);
+  dst.upload_prefix(src.data(), src.size(), stream);
+}
+
+}  // namespace
+
 size_t kv_dtype_bytes(KvDType dtype) {
   switch (dtype) {
     case KvDType::kF32: return 4;
@@ -21,12 +32,8 @@ size_t kv_dtype_bytes(KvDType dtype) {
 }
 
 const char* kv_dtype_name(KvDType dtype) {
-  switch (dtype) {
-    case KvDType::kF32: return "f32";
-    case KvDType::kF16: return "f16";
-    case KvDType::kBF16: return "bf16";
-  }
-  return "?";
+  static constexpr const char* kNames[] = {"f32", "f16", "bf16"};  // KvDType order
+  return kNames[static_cast<int>(dtype)];
 }
 
 void DeviceBlockTable::upload(const std::vector<int32_t>& indptr,
@@ -37,17 +44,14 @@ void DeviceBlockTable::upload(const std::vector<int32_t>& indptr,
     fail("DeviceBlockTable::upload: indptr [", indptr.size(), "], indices [", indices.size(),
          "], last_page_len [", last_page_len.size(), "] do not describe one batch");
   batch_ = static_cast<int>(last_page_len.size());
-  indptr_.reserve(indptr.size());
-  indices_.reserve(indices.size() > 0 ? indices.size() : 1);
-  last_page_len_.reserve(last_page_len.size() > 0 ? last_page_len.size() : 1);
-  indptr_.upload_prefix(indptr.data(), indptr.size(), stream);
-  indices_.upload_prefix(indices.data(), indices.size(), stream);
-  last_page_len_.upload_prefix(last_page_len.data(), last_page_len.size(), stream);
+  upload_all(indptr_, indptr, stream);
+  upload_all(indices_, indices, stream);
+  upload_all(last_page_len_, last_page_len, stream);
   KVLAB_CUDA_CHECK(cudaStreamSynchronize(stream));  // host vectors may die after return
 }
 
 KeySelectionView DeviceSelection::upload(const std::vector<int32_t>& indptr,
-                                         const std::vector<KeyRange>& ranges,
+                                         const std::vector<SlotRange>& ranges,
                                          const std::vector<int32_t>& list_slots,
                                          cudaStream_t stream) {
   if (indptr.empty() || list_slots.size() + 1 != indptr.size() ||
@@ -58,7 +62,7 @@ KeySelectionView DeviceSelection::upload(const std::vector<int32_t>& indptr,
   for (size_t l = 0; l < list_slots.size(); ++l) {
     int count = 0, prev_end = 0;
     for (int32_t r = indptr[l]; r < indptr[l + 1]; ++r) {
-      const KeyRange kr = ranges[r];
+      const SlotRange kr = ranges[r];
       if (kr.begin < prev_end || kr.end <= kr.begin || kr.end > list_slots[l])
         fail("DeviceSelection::upload: list ", l, " range ", r - indptr[l], " [", kr.begin, ", ",
              kr.end, ") is empty, unsorted, overlapping or past the list's ", list_slots[l], " slots");
@@ -68,12 +72,9 @@ KeySelectionView DeviceSelection::upload(const std::vector<int32_t>& indptr,
     max_count_ = count > max_count_ ? count : max_count_;
   }
   const std::vector<int32_t> offsets = build_key_offsets(indptr, ranges);
-  indptr_.reserve(indptr.size());
-  offsets_.reserve(offsets.size() > 0 ? offsets.size() : 1);
-  ranges_.reserve(ranges.size() > 0 ? ranges.size() : 1);
-  indptr_.upload_prefix(indptr.data(), indptr.size(), stream);
-  offsets_.upload_prefix(offsets.data(), offsets.size(), stream);
-  ranges_.upload_prefix(ranges.data(), ranges.size(), stream);
+  upload_all(indptr_, indptr, stream);
+  upload_all(offsets_, offsets, stream);
+  upload_all(ranges_, ranges, stream);
   KVLAB_CUDA_CHECK(cudaStreamSynchronize(stream));  // the host vectors may die after return
   return {indptr_.data(), ranges_.data(), offsets_.data()};
 }

@@ -54,14 +54,14 @@ class DeviceSelection {
  public:
   // indptr [n_lists + 1] into ranges (sorted, disjoint per list; KeySelection::ranges has this
   // layout). list_slots [n_lists] bounds each list (checked: ranges must lie in [0, slots)).
-  KeySelectionView upload(const std::vector<int32_t>& indptr, const std::vector<KeyRange>& ranges,
+  KeySelectionView upload(const std::vector<int32_t>& indptr, const std::vector<SlotRange>& ranges,
                           const std::vector<int32_t>& list_slots, cudaStream_t stream = nullptr);
   int max_count() const { return max_count_; }
 
  private:
   int max_count_ = 0;
   DeviceBuffer<int32_t> indptr_, offsets_;
-  DeviceBuffer<KeyRange> ranges_;
+  DeviceBuffer<SlotRange> ranges_;
 };
 
 class DeviceKvPool {

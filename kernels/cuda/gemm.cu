@@ -3,7 +3,7 @@
 // cublasGemmEx(OP_T, OP_N, m = out, n = n, k = in, A = W (lda in), B = x (ldb in), C = y (ldc out)).
 #include "kernels/cuda/gemm.h"
 
-#include "framework/core/error.h"
+#include "kernels/cuda/cuda_check.h"
 
 namespace kvlab::cuda {
 namespace {

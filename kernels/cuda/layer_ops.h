@@ -21,9 +21,9 @@ void rms_norm(const float* x, const float* w, float eps, int n_tokens, int dim, 
 // Rotary embedding in place on x [n_tokens, n_heads, head_dim] at positions pos [n_tokens]:
 // each pair (a, b) rotates by angle pos * inv_freq[i]:  (a cos - b sin, a sin + b cos).
 // Pairs: interleaved (2i, 2i + 1) (GGUF llama, llama2.c) or neox (i, i + head_dim / 2) (HF).
-// inv_freq [head_dim / 2] (double) carries theta and any scaling (rope_table.h's rope_inv_freq,
-// or kernels/cpu's for scaled configs); angles in double and cos/sin rounded to float, as on
-// the CPU, so both paths rotate identically. A negative pos[t] leaves token t's row unchanged
+// inv_freq [head_dim / 2] (double) carries theta, any scaling and the per-pair frequency factors
+// (the host RoPE's, kernels/cpu/rope.h RopeTable::inv_freq()); angles in double and cos/sin
+// rounded to float, as on the CPU, so both paths rotate identically (layer_ops_test). A negative pos[t] leaves token t's row unchanged
 // (no rotation at all, not a rotation by a negative angle): padding rows or tokens whose
 // position the host has not assigned pass through untouched.
 enum class RopePairs { kInterleaved, kNeox };

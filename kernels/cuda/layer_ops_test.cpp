@@ -63,26 +63,42 @@ std::vector<float> rope_on_device(const std::vector<float>& x, const std::vector
   return dx.download();
 }
 
-TEST_F(LayerOpsGpu, RopeBothPairings) {
+// The device twin against the one host RoPE (kernels/cpu/rope.h), with llama3 scaling and with
+// per-pair frequency factors: the device takes the host's inv_freq, computes the angle in double
+// and cos/sin rounded to float like the host, so the rotations agree to a float rounding or two
+// of |a| + |b| (the device may fuse the multiply-add).
+TEST_F(LayerOpsGpu, RopeBothPairingsMatchTheHostRope) {
   std::mt19937 rng(2);
   const int n = 5, heads = 3, d = 64;
   const std::vector<int32_t> pos{0, 1, 17, 1000, 40000};
-  const std::vector<double> inv = rope_inv_freq(500000.0, d);
-  for (RopePairs pairs : {RopePairs::kInterleaved, RopePairs::kNeox}) {
-    const auto x = random_normal(rng, size_t(n) * heads * d);
-    const auto y = rope_on_device(x, pos, inv, heads, d, pairs);
-    for (int t = 0; t < n; ++t) {
-      for (int h = 0; h < heads; ++h) {
-        for (int i = 0; i < d / 2; ++i) {
-          const int ia = pairs == RopePairs::kInterleaved ? 2 * i : i;
-          const int ib = pairs == RopePairs::kInterleaved ? 2 * i + 1 : i + d / 2;
-          // The CPU's recipe: angle in double, cos/sin rounded to float, rotation in float.
-          const double ang = double(pos[t]) * inv[i];
-          const float c = float(std::cos(ang)), s = float(std::sin(ang));
-          const size_t base = (size_t(t) * heads + h) * d;
-          const float a = x[base + ia], b = x[base + ib];
-          ASSERT_NEAR(y[base + ia], a * c - b * s, 1e-6f * (1 + std::abs(a) + std::abs(b)));
-          ASSERT_NEAR(y[base + ib], a * s + b * c, 1e-6f * (1 + std::abs(a) + std::abs(b)));
+  for (const bool factors : {false, true}) {
+    for (RopePairs pairs : {RopePairs::kInterleaved, RopePairs::kNeox}) {
+      RopeConfig rc;
+      rc.layout = pairs == RopePairs::kNeox ? RopeLayout::kNeox : RopeLayout::kInterleaved;
+      rc.head_dim = d;
+      rc.theta = 500000.0;
+      if (factors) {
+        for (int i = 0; i < d / 2; ++i) rc.freq_factors.push_back(1.0 + 0.25 * i);
+      } else {
+        rc.scaling = RopeScalingKind::kLlama3;
+        rc.factor = 8.0;
+        rc.original_max_position = 8192;
+      }
+      const RopeTable host(rc, 0);  // no table: the formula at every position
+      const auto x = random_normal(rng, size_t(n) * heads * d);
+      const auto y = rope_on_device(x, pos, host.inv_freq(), heads, d, pairs);
+      std::vector<float> want = x;
+      for (int t = 0; t < n; ++t) apply_rope(want.data() + size_t(t) * heads * d, heads, d, pos[t], host);
+      for (int t = 0; t < n; ++t) {
+        for (int h = 0; h < heads; ++h) {
+          for (int i = 0; i < d / 2; ++i) {
+            const int ia = pairs == RopePairs::kInterleaved ? 2 * i : i;
+            const int ib = pairs == RopePairs::kInterleaved ? 2 * i + 1 : i + d / 2;
+            const size_t base = (size_t(t) * heads + h) * d;
+            const float a = x[base + ia], b = x[base + ib];
+            ASSERT_NEAR(y[base + ia], want[base + ia], 1e-6f * (1 + std::abs(a) + std::abs(b)));
+            ASSERT_NEAR(y[base + ib], want[base + ib], 1e-6f * (1 + std::abs(a) + std::abs(b)));
+          }
         }
       }
     }
@@ -94,7 +110,7 @@ TEST_F(LayerOpsGpu, RopeNegativePositionLeavesTheRowUnchanged) {
   const int heads = 3, d = 80;
   const std::vector<int32_t> pos{-1, 5, -7, 0, std::numeric_limits<int32_t>::min(), 123};
   const int n = static_cast<int>(pos.size());
-  const std::vector<double> inv = rope_inv_freq(10000.0, d);
+  const std::vector<double> inv = testing::host_rope(d, false, 0).inv_freq();
   for (RopePairs pairs : {RopePairs::kInterleaved, RopePairs::kNeox}) {
     const auto x = random_normal(rng, size_t(n) * heads * d);
     const auto y = rope_on_device(x, pos, inv, heads, d, pairs);
@@ -305,13 +321,7 @@ TEST_F(LayerOpsGpu, GemmF32ExactToFp32) {
 
 template <class Dst>
 void check_scatter_pages(std::mt19937& rng, KvDType dtype) {
-  DeviceKvConfig cfg;
-  cfg.n_layers = 2;
-  cfg.num_kv_heads = 3;
-  cfg.head_dim = 80;
-  cfg.page_size = 7;
-  cfg.num_pages = 10;
-  cfg.dtype = dtype;
+  const DeviceKvConfig cfg{2, 3, 80, 7, 10, dtype};  // layers, KV heads, head_dim, page, pages
   DeviceKvPool pool(cfg);
   const size_t page_elems = size_t(cfg.num_kv_heads) * cfg.page_size * cfg.head_dim;
   const size_t meta_elems = size_t(cfg.num_kv_heads) * cfg.page_size;
@@ -391,13 +401,7 @@ TEST_F(LayerOpsGpu, PoolArenaAccessorsCheckDtypeAndLayer) {
 TEST_F(LayerOpsGpu, KvStoreAppendWritesTheHostLayout) {
   std::mt19937 rng(5);
   for (int page_size : {1, 7, 16}) {
-    DeviceKvConfig cfg;
-    cfg.n_layers = 2;
-    cfg.num_kv_heads = 3;
-    cfg.head_dim = 64;
-    cfg.page_size = page_size;
-    cfg.num_pages = 40;
-    cfg.dtype = KvDType::kBF16;
+    const DeviceKvConfig cfg{2, 3, 64, page_size, 40, KvDType::kBF16};  // layers, KV heads, d, page, pages
     DeviceKvPool pool(cfg);
     // Two requests of 9 and 20 tokens on shuffled pages.
     const std::vector<int32_t> lengths{9, 20};
@@ -451,7 +455,7 @@ TEST_F(LayerOpsGpu, KvStoreAppendWritesTheHostLayout) {
 TEST_F(LayerOpsGpu, DeviceSelectionUploadsRangesAndOffsets) {
   DeviceSelection sel;
   const std::vector<int32_t> indptr{0, 2, 2, 3};
-  const std::vector<KeyRange> ranges{{0, 4}, {10, 13}, {5, 6}};
+  const std::vector<SlotRange> ranges{{0, 4}, {10, 13}, {5, 6}};
   const KeySelectionView v = sel.upload(indptr, ranges, {20, 5, 6});
   EXPECT_EQ(sel.max_count(), 7);
   std::vector<int32_t> offsets(3);

@@ -18,6 +18,7 @@
 
 #include "kernels/common/online_softmax.h"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/kv_tile.cuh"
 #include "kernels/cuda/numeric.cuh"
 
 namespace kvlab::cuda {
@@ -128,41 +129,13 @@ __global__ void __launch_bounds__(kThreads) prefill_kernel(const PrefillParams<T
                       : p.q;
     cp_async_16(q_s + row * Shape::kStride + col * Shape::kVec, src, ok);
   }
-  // K, V rows and key positions of the selected keys [n0, n0 + kKeys), all asynchronous; rows
-  // past n_end read as zeros and are masked at compute time (n0 + col < n_end).
+  // The selected keys [n0, n0 + kKeys) into a stage (kv_tile.cuh); rows past n_end read as
+  // zeros and are masked at compute time (n0 + col < n_end).
   auto load_tile = [&](int stage, int n0) {
-    int range = -1;  // this thread's cursor in the selection's ranges
-#pragma unroll
-    for (int i = 0; i < Shape::kLoadsPerThread; ++i) {
-      const int c = tid + i * kThreads;
-      const int row = c / Shape::kRowChunks, col = c % Shape::kRowChunks;
-      const int n = n0 + row;
-      const bool in_range = n < n_end;
-      int slot = 0;
-      if (in_range) {
-        slot = n;
-        if (!p.sel.all()) {  // rows grow with i: one search, then walk the ranges forward
-          range = range < 0 ? p.sel.range_of(list, n) : p.sel.advance(range, n);
-          slot = p.sel.slot_in_range(range, n);
-        }
-      }
-      const size_t src = in_range ? p.kv.slot_offset(b, slot, kv_head) + size_t(col) * Shape::kVec : 0;
-      const size_t dst = size_t(stage) * Shape::kTileElems + row * Shape::kStride + col * Shape::kVec;
-      cp_async_16(k_s + dst, p.kv.k_data + src, in_range);
-      cp_async_16(v_s + dst, p.kv.v_data + src, in_range);
-      if (col == 0) {
-        if (p.kv_pos != nullptr) {
-          cp_async_4(kpos_s + stage * kKeys + row,
-                     p.kv_pos + (in_range ? p.kv.slot_meta_offset(b, slot, kv_head) : 0), in_range);
-        } else {
-          kpos_s[stage * kKeys + row] = slot;
-        }
-        if (p.key_rope_pos != nullptr)
-          cp_async_4(rope_pos_s + stage * kKeys + row,
-                     p.key_rope_pos + (in_range ? p.kv.slot_meta_offset(b, slot, kv_head) : 0),
-                     in_range);
-      }
-    }
+    load_kv_tile<Shape::kRowChunks, Shape::kVec, Shape::kLoadsPerThread, kThreads>(
+        p, b, kv_head, list, n0, n_end, tid, k_s + size_t(stage) * Shape::kTileElems,
+        v_s + size_t(stage) * Shape::kTileElems, Shape::kStride, kpos_s + stage * kKeys,
+        rope_pos_s + stage * kKeys);
   };
 
   // This thread's two rows: local 16w + g and 16w + g + 8 (position -1 past the request: every
@@ -325,13 +298,7 @@ __global__ void __launch_bounds__(kThreads) prefill_kernel(const PrefillParams<T
 template <class T, int kHeadDim>
 void launch_prefill(const PrefillParams<T>& p, cudaStream_t stream) {
   using Shape = PrefillShape<T, kHeadDim>;
-  static const bool attr_set = [] {
-    KVLAB_CUDA_CHECK(cudaFuncSetAttribute(prefill_kernel<T, kHeadDim>,
-                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          static_cast<int>(Shape::kSmemBytes)));
-    return true;
-  }();
-  (void)attr_set;
+  allow_dynamic_smem_once_for<prefill_kernel<T, kHeadDim>>(Shape::kSmemBytes);
   const dim3 grid((p.max_rows + kRows - 1) / kRows, p.num_qo_heads, p.batch);
   prefill_kernel<T, kHeadDim><<<grid, kThreads, Shape::kSmemBytes, stream>>>(p);
   KVLAB_CUDA_CHECK_LAUNCH();

@@ -13,21 +13,14 @@
 #include "kernels/common/online_softmax.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/test_util.h"
+#include "kernels/testing/reference_attention.h"
 
 namespace kvlab::cuda {
 namespace {
 
 using testing::HostPagedKv;
 
-struct HostSel {
-  bool all = true;
-  std::vector<int32_t> indptr;
-  std::vector<KeyRange> ranges;
-  std::vector<int32_t> offsets;
-  KeySelectionView view() const {
-    return all ? KeySelectionView{} : KeySelectionView{indptr.data(), ranges.data(), offsets.data()};
-  }
-};
+using HostSel = testing::HostSelection;
 
 // 0 all, 1 empty, 2 random whole pages (block-sparse), 3 sinks + recent range.
 HostSel make_sel(std::mt19937& rng, int kind, const std::vector<int32_t>& lengths, int hkv, int page) {
@@ -79,52 +72,41 @@ void run_case(int page_size, int head_dim, int hkv, int group, const std::vector
   int max_len = 1;
   for (int32_t len : lengths) max_len = std::max(max_len, len);
   const std::vector<int32_t> rope_pos = testing::cache_rank_positions(kv);
-  const std::vector<float> table = rope_cos_sin_table(rope_inv_freq(10000.0, head_dim), max_len);
+  const RopeTable host_rope = testing::host_rope(head_dim, rope == 2, max_len);
+  const std::vector<float> table = rope_cos_sin_table(host_rope.inv_freq(), max_len);
 
-  // Reference.
+  // Reference: the fp64 dense one (kernels/testing) over each list's selected keys.
   const auto view = kv.view();
   const KeySelectionView sv = sel.view();
   std::vector<float> ref(size_t(total_rows) * hq * head_dim, 0.f), ref_lse(size_t(total_rows) * hq, kNegInf);
   for (int b = 0; b < batch; ++b)
     for (int r = 0; r < rows[b]; ++r)
       for (int h = 0; h < hq; ++h) {
-        const int kvh = h / group, list = b * hkv + kvh, row = qo_indptr[b] + r;
-        const int count = sv.count(list, lengths[b]);
-        std::vector<double> s(count, -INFINITY);
-        double m = -INFINITY;
-        for (int n = 0; n < count; ++n) {
-          const int slot = sv.slot_of(list, n);
-          const int pos = holes ? kv.kv_pos[view.slot_meta_offset(b, slot, kvh)] : slot;
-          if (pos < 0 || !mask(q_pos[row], pos)) continue;
-          double dot = 0;
-          const float* k = kv.k.data() + view.slot_offset(b, slot, kvh);
-          std::vector<float> rotated;
-          if (rope != 0) {  // rotated in fp32, then rounded to T for the tensor cores
-            rotated = testing::rotate_key(k, head_dim, rope_pos[view.slot_meta_offset(b, slot, kvh)],
-                                          rope == 2, table);
-            for (auto& x : rotated) x = testing::round_to<T>(x);
-            k = rotated.data();
-          }
-          for (int f = 0; f < head_dim; ++f) dot += double(q[(size_t(row) * hq + h) * head_dim + f]) * k[f];
-          s[n] = dot * scale;
-          m = std::max(m, s[n]);
-        }
-        if (m == -INFINITY) continue;
-        double l = 0;
-        for (double x : s) l += std::exp(x - m);
-        for (int n = 0; n < count; ++n) {
-          const double pr = std::exp(s[n] - m) / l;
-          if (pr == 0) continue;
-          const float* v = kv.v.data() + view.slot_offset(b, sv.slot_of(list, n), kvh);
-          for (int f = 0; f < head_dim; ++f) ref[(size_t(row) * hq + h) * head_dim + f] += float(pr * v[f]);
-        }
-        ref_lse[size_t(row) * hq + h] = float(m + std::log(l));
+        const int kvh = h / group, row = qo_indptr[b] + r;
+        std::vector<float> rotated;  // the key being read, rotated (used before the next key_of)
+        const ::kvlab::testing::ReferenceRow ref_row = testing::reference_list_row(
+            kv, sv, b, kvh, q.data() + (size_t(row) * hq + h) * head_dim, scale,
+            [&](int slot) {
+              const float* k = kv.k.data() + view.slot_offset(b, slot, kvh);
+              if (rope == 0) return k;
+              // rotated in fp32, then rounded to T for the tensor cores
+              rotated = testing::rotate_key(k, head_dim, rope_pos[view.slot_meta_offset(b, slot, kvh)], host_rope);
+              for (auto& x : rotated) x = testing::round_to<T>(x);
+              return static_cast<const float*>(rotated.data());
+            },
+            [&](int slot) {
+              const int pos = holes ? kv.kv_pos[view.slot_meta_offset(b, slot, kvh)] : slot;
+              return pos >= 0 && mask(q_pos[row], pos);
+            });
+        if (std::isinf(ref_row.lse)) continue;
+        for (int f = 0; f < head_dim; ++f) ref[(size_t(row) * hq + h) * head_dim + f] = float(ref_row.out[f]);
+        ref_lse[size_t(row) * hq + h] = float(ref_row.lse);
       }
 
   testing::DevicePagedKv<T> dkv(kv);
   DeviceBuffer<T> dq(testing::to_storage_vec<T>(q));
   DeviceBuffer<int32_t> dindptr(qo_indptr), dqpos(q_pos), dsel_indptr(sel.indptr), dsel_off(sel.offsets);
-  DeviceBuffer<KeyRange> dsel_ranges(sel.ranges);
+  DeviceBuffer<SlotRange> dsel_ranges(sel.ranges);
   DeviceBuffer<float> dout(ref.size()), dlse(ref_lse.size());
   dout.zero();
   PrefillParams<T> p;

@@ -1,7 +1,7 @@
 // RoPE cos/sin for the GPU, with the CPU's exact values: angles pos * inv_freq_i are computed in
 // double and cos/sin stored as float (as kernels/cpu/rope.h's RopeTable), so a key rotated on
-// the device equals the CPU's rotation. inv_freq carries theta and any scaling (the engine
-// passes kernels/cpu's rope_inv_freq(config)).
+// the device equals the CPU's rotation. inv_freq carries theta, any scaling and the per-pair
+// frequency factors: it is the one host RoPE's (kernels/cpu/rope.h RopeTable::inv_freq()).
 //
 // RopeTableView is what kernels read for rope at read time (policies with
 // rope_at_cache_position: keys stored raw, rotated to their cache rank when attention reads
@@ -30,13 +30,6 @@ struct RopeTableView {
   }
 #endif
 };
-
-// Host: theta^(-2i / head_dim), i < head_dim / 2, in double (no scaling).
-inline std::vector<double> rope_inv_freq(double theta, int head_dim) {
-  std::vector<double> f(head_dim / 2);
-  for (int i = 0; i < head_dim / 2; ++i) f[i] = std::pow(theta, -2.0 * i / head_dim);
-  return f;
-}
 
 // Host: the table [n_positions, half] of (cos, sin) as interleaved floats.
 inline std::vector<float> rope_cos_sin_table(const std::vector<double>& inv_freq, int n_positions) {

@@ -13,8 +13,11 @@
 #include <string>
 #include <vector>
 
+#include "kernels/common/key_selection.h"
 #include "kernels/common/paged_kv.h"
+#include "kernels/cpu/rope.h"
 #include "kernels/cuda/device_buffer.h"
+#include "kernels/testing/reference_attention.h"
 
 namespace kvlab::cuda::testing {
 
@@ -141,7 +144,8 @@ struct DevicePagedKv {
 
 // Rope at read for tests: key_rope_pos (paged like kv_pos) = rank of the slot among the valid
 // slots of its head (StreamingLLM's cache positions; holes -1), and a host copy of the key
-// rotated as the kernels do (float cos/sin of the CPU table, fp32 arithmetic).
+// rotated by the one host RoPE (kernels/cpu/rope.h), which the device twin must match: its table
+// is rope_cos_sin_table(host.inv_freq()).
 inline std::vector<int32_t> cache_rank_positions(const HostPagedKv& kv) {
   std::vector<int32_t> rank(kv.kv_pos.size(), -1);
   const auto view = kv.view();
@@ -156,17 +160,46 @@ inline std::vector<int32_t> cache_rank_positions(const HostPagedKv& kv) {
   return rank;
 }
 
-inline std::vector<float> rotate_key(const float* k, int head_dim, int pos, bool neox,
-                                     const std::vector<float>& cos_sin_table) {
+// The host RoPE of a test: theta, head_dim, pair layout, a table of n_positions.
+inline RopeTable host_rope(int head_dim, bool neox, int n_positions, double theta = 10000.0) {
+  RopeConfig c;
+  c.layout = neox ? RopeLayout::kNeox : RopeLayout::kInterleaved;
+  c.head_dim = head_dim;
+  c.theta = theta;
+  return RopeTable(c, n_positions);
+}
+
+inline std::vector<float> rotate_key(const float* k, int head_dim, int pos, const RopeTable& rope) {
   std::vector<float> out(k, k + head_dim);
-  const int half = head_dim / 2;
-  for (int i = 0; i < half; ++i) {
-    const float c = cos_sin_table[(size_t(pos) * half + i) * 2], s = cos_sin_table[(size_t(pos) * half + i) * 2 + 1];
-    const int ia = neox ? i : 2 * i, ib = neox ? i + half : 2 * i + 1;
-    out[ia] = k[ia] * c - k[ib] * s;
-    out[ib] = k[ia] * s + k[ib] * c;
-  }
+  rope.rotate(out.data(), pos);
   return out;
+}
+
+// A selection for the kernels, built on the host (KeySelectionView over these arrays).
+struct HostSelection {
+  bool all = true;
+  std::vector<int32_t> indptr;
+  std::vector<SlotRange> ranges;
+  std::vector<int32_t> offsets;
+  KeySelectionView view() const {
+    return all ? KeySelectionView{} : KeySelectionView{indptr.data(), ranges.data(), offsets.data()};
+  }
+};
+
+// The fp64 dense reference (kernels/testing) of one query head q over list `list` (request b,
+// KV head kvh) of `sel`: the n-th selected key is key_of(slot) (the stored key, or a rotated
+// copy that stays valid until the call returns), read when allow(slot).
+template <class KeyOf, class Allow>
+::kvlab::testing::ReferenceRow reference_list_row(const HostPagedKv& kv, const KeySelectionView& sel, int b,
+                                                  int kvh, const float* q, float scale, KeyOf&& key_of,
+                                                  Allow&& allow) {
+  const auto view = kv.view();
+  const int list = b * kv.num_kv_heads + kvh;
+  auto slot = [&](int64_t n) { return sel.slot_of(list, static_cast<int>(n)); };
+  return ::kvlab::testing::reference_attention_row(
+      q, kv.head_dim, sel.count(list, kv.lengths[b]), scale, [&](int64_t n) { return key_of(slot(n)); },
+      [&](int64_t n) { return kv.v.data() + view.slot_offset(b, slot(n), kvh); },
+      [&](int64_t n) { return allow(slot(n)); });
 }
 
 // Random normal floats.

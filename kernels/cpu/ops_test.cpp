@@ -5,9 +5,9 @@
 #include <cmath>
 #include <random>
 
-#include "framework/engine/ops.h"
-#include "framework/engine/sampler.h"
-#include "framework/engine/thread_pool.h"
+#include "kernels/cpu/ops.h"
+#include "kernels/cpu/sampler.h"
+#include "kernels/cpu/thread_pool.h"
 
 namespace kvlab {
 namespace {

@@ -1,4 +1,4 @@
-// Dense layers y = W x for weights kept in their stored dtype (fp32, fp16, bf16, q8_0: framework/model/dtype.h), fp32
+// Dense layers y = W x for weights kept in their stored dtype (fp32, fp16, bf16, q8_0: kernels/cpu/dtype.h), fp32
 // activations and fp32 accumulation. The forward pass spends nearly all its time here.
 //
 //   W: row-major [rows, cols] (rows = output features), element type by WeightType
@@ -26,7 +26,7 @@
 #include <initializer_list>
 #include <vector>
 
-#include "framework/model/dtype.h"
+#include "kernels/cpu/dtype.h"
 
 namespace kvlab {
 

@@ -1,4 +1,4 @@
-#include "framework/engine/ops.h"
+#include "kernels/cpu/ops.h"
 
 #include <immintrin.h>
 

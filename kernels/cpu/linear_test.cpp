@@ -1,6 +1,6 @@
 // The fast matvec and the sgemm path against plain loops, for every weight type, over awkward
 // shapes (rows not a multiple of 4, cols not a multiple of 8 or 16), and fused multi-job calls.
-#include "framework/engine/linear.h"
+#include "kernels/cpu/linear.h"
 
 #include <gtest/gtest.h>
 
@@ -10,8 +10,8 @@
 #include <cstring>
 #include <random>
 
-#include "framework/core/error.h"
-#include "framework/engine/thread_pool.h"
+#include "kernels/common/error.h"
+#include "kernels/cpu/thread_pool.h"
 
 namespace kvlab {
 namespace {

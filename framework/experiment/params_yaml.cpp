@@ -1,4 +1,4 @@
-#include "framework/policy/params_yaml.h"
+#include "framework/experiment/params_yaml.h"
 
 #include "framework/core/error.h"
 

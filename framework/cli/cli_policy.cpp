@@ -1,4 +1,4 @@
-#include "framework/policy/cli_policy.h"
+#include "framework/cli/cli_policy.h"
 
 #include "framework/core/error.h"
 

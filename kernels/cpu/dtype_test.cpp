@@ -1,6 +1,6 @@
 // dtype conversions against independent references: the compiler's _Float16 (correctly rounded
 // IEEE conversion), a naive bf16 rounding written with double arithmetic, and a plain-loop Q8_0.
-#include "framework/model/dtype.h"
+#include "kernels/cpu/dtype.h"
 
 #include <gtest/gtest.h>
 
@@ -10,7 +10,7 @@
 #include <random>
 #include <vector>
 
-#include "framework/core/error.h"
+#include "kernels/common/error.h"
 
 namespace kvlab {
 namespace {

@@ -1,4 +1,4 @@
-#include "framework/engine/thread_pool.h"
+#include "kernels/cpu/thread_pool.h"
 
 #include <immintrin.h>
 

@@ -1,4 +1,4 @@
-#include "framework/model/dtype.h"
+#include "kernels/cpu/dtype.h"
 
 #include <algorithm>
 #include <bit>
@@ -11,7 +11,7 @@
 #define KVLAB_DTYPE_F16C 1
 #endif
 
-#include "framework/core/error.h"
+#include "kernels/common/error.h"
 
 namespace kvlab {
 

@@ -1,9 +1,9 @@
-#include "framework/engine/sampler.h"
+#include "kernels/cpu/sampler.h"
 
 #include <algorithm>
 #include <cmath>
 
-#include "framework/core/error.h"
+#include "kernels/common/error.h"
 
 namespace kvlab {
 

@@ -46,7 +46,7 @@ void from_float(DType dtype, const float* src, void* dst, int64_t n);
 // A weight matrix as stored: row-major [rows, cols] (rows = output features), any DType; data
 // points into an mmap or an owned buffer held by the Model. Rows are contiguous: row r starts at
 // data + r * dtype_bytes(dtype, cols) (Q8_0: cols is a multiple of 32). The dense-layer kernels
-// (framework/engine/linear.h) take it as is.
+// (kernels/cpu/linear.h) take it as is.
 struct WeightView {
   DType dtype = DType::kF32;
   int64_t rows = 0, cols = 0;

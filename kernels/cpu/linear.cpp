@@ -1,4 +1,4 @@
-#include "framework/engine/linear.h"
+#include "kernels/cpu/linear.h"
 
 #include <cblas.h>
 #include <immintrin.h>
@@ -8,8 +8,8 @@
 #include <cmath>
 #include <cstring>
 
-#include "framework/core/error.h"
-#include "framework/engine/thread_pool.h"
+#include "kernels/common/error.h"
+#include "kernels/cpu/thread_pool.h"
 
 extern "C" void openblas_set_num_threads(int num_threads);
 

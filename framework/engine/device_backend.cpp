@@ -1,6 +1,5 @@
-// The host side of the device forward pass (device_forward.h): RoPE positions per row, the
-// policies' phases through the Engine, keeping the device pages a mirror of the host blocks, and
-// the attention launch plans. The device work itself is a DeviceExecutor.
+// The host side of the device backends (device_backend.h): keeping the device pages a mirror of
+// the host blocks, and the attention launch plans. The device work itself is a DeviceExecutor.
 //
 // Keeping the device pages equal to the host blocks (block b = page b), per (sequence, layer):
 //   * new rows: appended on the device from the same fp32 k, v the host store appended;
@@ -10,10 +9,9 @@
 //     -1 = hole) is re-uploaded; the block tables themselves go with every launch;
 //   * rope-at-read policies: the pages' cache ranks are re-uploaded every step (they shift).
 // A new sequence starts with a full upload; end_sequence forgets it (its blocks may be reused).
-#include "framework/engine/device_forward.h"
+#include "framework/engine/device_backend.h"
 
 #include <algorithm>
-#include <climits>
 #include <map>
 #include <vector>
 
@@ -22,20 +20,37 @@
 #include "framework/engine/device_plan.h"
 #include "kernels/common/attention_limits.h"
 
-namespace kvlab {
+namespace kvlab::engine_detail {
 namespace {
-
-using engine_detail::Group;
 
 constexpr int kMaxGridDim = 65535;  // CUDA's limit on grid y and z
 
-class PlannedForward final : public DeviceForward {
+class DeviceBackend final : public Backend {
  public:
-  PlannedForward(Engine& engine, std::unique_ptr<DeviceExecutor> exec)
-      : e_(engine), c_(model(engine).config), exec_(std::move(exec)) {}
+  DeviceBackend(const ModelConfig& config, const KvStore& store, int launch_rows,
+                std::unique_ptr<DeviceExecutor> exec)
+      : c_(config), store_(store), launch_rows_(launch_rows), exec_(std::move(exec)) {}
 
-  void forward(std::span<Group> groups, std::span<const int32_t> tokens,
-               std::span<const int> logit_rows, float* logits) override;
+  void begin_call(std::span<const Group> groups, std::span<const int32_t> tokens) override {
+    const size_t n = tokens.size();
+    const size_t qd = size_t(c_.n_heads) * c_.head_dim, kvd = size_t(c_.n_kv_heads) * c_.head_dim;
+    hq_.resize(n * qd), hatt_.resize(n * qd), hk_.resize(n * kvd), hv_.resize(n * kvd);
+    exec_->begin_call(tokens);
+  }
+  HostRows qkv(int layer, std::span<const int32_t> rope_pos, bool need_q) override {
+    exec_->qkv(layer, rope_pos);
+    exec_->read_kv(hk_.data(), hv_.data());
+    if (need_q) exec_->read_q(hq_.data());
+    return {hq_.data(), hk_.data(), hv_.data()};
+  }
+  void attend(std::span<Group> groups, int layer) override;
+  const float* attention_output(bool need_out) override {
+    if (need_out) exec_->read_attention(hatt_.data());
+    return hatt_.data();
+  }
+  void evicted(const Group& g, int layer) override { mirror_[{g.seq->id, layer}].meta_stale = true; }
+  void finish_layer(int layer) override { exec_->finish_layer(layer); }
+  void logits(std::span<const int> rows, float* out) override;
   void end_sequence(SeqId seq) override {
     for (int l = 0; l < c_.n_layers; ++l) mirror_.erase({seq, l});
   }
@@ -51,77 +66,42 @@ class PlannedForward final : public DeviceForward {
   void run_decode(std::span<Group* const> members, int layer, bool rope_at_read);
   void run_prefill(Group& g, int layer);
 
-  Engine& e_;
   const ModelConfig& c_;
+  const KvStore& store_;
+  int launch_rows_;
   std::unique_ptr<DeviceExecutor> exec_;
   std::map<std::pair<SeqId, int>, Mirror> mirror_;
   std::vector<float> hq_, hk_, hv_, hatt_;  // host copies of the call's rows
 };
 
-void PlannedForward::forward(std::span<Group> groups, std::span<const int32_t> tokens,
-                             std::span<const int> logit_rows, float* logits) {
-  const int n = static_cast<int>(tokens.size());
-  const int qd = c_.n_heads * c_.head_dim, kvd = c_.n_kv_heads * c_.head_dim;
-  hq_.resize(size_t(n) * qd), hatt_.resize(size_t(n) * qd);
-  hk_.resize(size_t(n) * kvd), hv_.resize(size_t(n) * kvd);
-  exec_->begin_call(tokens);
-
-  // RoPE positions of the rows: the text position, or -1 (left raw: the query is rotated on the
-  // host at its cache rank, keys at read time) for policies with rope_at_cache_position.
-  std::vector<int32_t> rope_pos(n);
-  bool q_to_host = false, q_back = false, att_to_host = false;
-  for (const Group& g : groups) {
-    const bool cache_pos = g.seq->needs.rope_at_cache_position;
-    for (int r = 0; r < g.n_rows; ++r) {
-      if (g.positions[r] > INT32_MAX) fail("device forward: text position ", g.positions[r], " exceeds int32");
-      rope_pos[g.row0 + r] = cache_pos ? -1 : static_cast<int32_t>(g.positions[r]);
-    }
-    q_to_host = q_to_host || g.seq->policy != nullptr || g.seq->probing_step || cache_pos;
-    q_back = q_back || cache_pos;
-    att_to_host = att_to_host || g.seq->probing_step;
-  }
-
+void DeviceBackend::attend(std::span<Group> groups, int layer) {
+  const size_t qd = size_t(c_.n_heads) * c_.head_dim;
+  // queries rotated to their cache rank on the host go back
+  for (const Group& g : groups)
+    if (g.seq->needs.rope_at_cache_position) exec_->write_q_rows(g.row0, g.n_rows, hq_.data() + g.row0 * qd);
+  exec_->update_pages(plan_pages(groups, layer));
   std::vector<Group*> decode_plain, decode_rope_at_read;
   for (Group& g : groups)
     if (g.decode) (g.seq->needs.rope_at_cache_position ? decode_rope_at_read : decode_plain).push_back(&g);
+  if (!decode_plain.empty()) run_decode(decode_plain, layer, false);
+  if (!decode_rope_at_read.empty()) run_decode(decode_rope_at_read, layer, true);
+  for (Group& g : groups)
+    if (!g.decode) run_prefill(g, layer);
+}
 
-  for (int l = 0; l < c_.n_layers; ++l) {
-    exec_->qkv(l, rope_pos);
-    // host: append to the store, the policies' selections
-    exec_->read_kv(hk_.data(), hv_.data());
-    if (q_to_host) exec_->read_q(hq_.data());
-    for (Group& g : groups)
-      begin_attention(e_, g, l, hq_.data() + size_t(g.row0) * qd, hk_.data() + size_t(g.row0) * kvd,
-                      hv_.data() + size_t(g.row0) * kvd);
-    if (q_back)  // queries rotated to their cache rank on the host
-      for (const Group& g : groups)
-        if (g.seq->needs.rope_at_cache_position)
-          exec_->write_q_rows(g.row0, g.n_rows, hq_.data() + size_t(g.row0) * qd);
-    // device: pages, then attention
-    exec_->update_pages(plan_pages(groups, l));
-    if (!decode_plain.empty()) run_decode(decode_plain, l, false);
-    if (!decode_rope_at_read.empty()) run_decode(decode_rope_at_read, l, true);
-    for (Group& g : groups)
-      if (!g.decode) run_prefill(g, l);
-    // host: statistics, probes, the policies' observations and evictions
-    if (att_to_host) exec_->read_attention(hatt_.data());
-    for (Group& g : groups)
-      if (end_attention(e_, g, l, hatt_.data() + size_t(g.row0) * qd)) mirror_[{g.seq->id, l}].meta_stale = true;
-    exec_->finish_layer(l);
-  }
-  // logits, one run of consecutive rows at a time (one run in practice)
-  for (size_t i = 0; i < logit_rows.size();) {
+// logits, one run of consecutive rows at a time (one run in practice)
+void DeviceBackend::logits(std::span<const int> rows, float* out) {
+  for (size_t i = 0; i < rows.size();) {
     size_t j = i + 1;
-    while (j < logit_rows.size() && logit_rows[j] == logit_rows[j - 1] + 1) ++j;
-    exec_->logits(logit_rows[i], static_cast<int>(j - i), logits + i * size_t(c_.vocab_size));
+    while (j < rows.size() && rows[j] == rows[j - 1] + 1) ++j;
+    exec_->logits(rows[i], static_cast<int>(j - i), out + i * size_t(c_.vocab_size));
     i = j;
   }
 }
 
 // The page uploads that bring every group's (sequence, layer) up to the host store (see the file
 // comment), and the append of this call's rows (row i of the call = row i of k and v).
-PageUpdate PlannedForward::plan_pages(std::span<Group> groups, int layer) {
-  KvStore& st = store(e_);
+PageUpdate DeviceBackend::plan_pages(std::span<Group> groups, int layer) {
   PageUpdate u;
   int row = 0;
   for (size_t i = 0; i < groups.size(); ++i) {
@@ -129,9 +109,9 @@ PageUpdate PlannedForward::plan_pages(std::span<Group> groups, int layer) {
     KVLAB_CHECK(g.row0 == row, "device forward: the groups' rows are not consecutive");
     row += g.n_rows;
     const SeqId id = g.seq->id;
-    const LayerKv kv = st.layer(id, layer);
+    const LayerKv kv = store_.layer(id, layer);
     Mirror& m = mirror_[{id, layer}];
-    const int64_t dv = st.data_version(id, layer);
+    const int64_t dv = store_.data_version(id, layer);
     if (m.data_version != dv) {
       append_page_data(kv, u.data_pages, u.k, u.v);
       m.data_version = dv;
@@ -157,10 +137,9 @@ PageUpdate PlannedForward::plan_pages(std::span<Group> groups, int layer) {
 // At most EngineOptions::device_launch_rows requests per launch (and batch x n_kv within the
 // grid's 65535: the kernel's grid has that many CTAs in one dimension; its score workspace grows
 // with the batch), so a long prefill chunk run this way takes several launches.
-void PlannedForward::run_decode(std::span<Group* const> members, int layer, bool rope_at_read) {
-  KvStore& st = store(e_);
+void DeviceBackend::run_decode(std::span<Group* const> members, int layer, bool rope_at_read) {
   const int nkv = c_.n_kv_heads;
-  const int max_requests = std::max(1, std::min(options(e_).device_launch_rows, kMaxGridDim / nkv));
+  const int max_requests = std::max(1, std::min(launch_rows_, kMaxGridDim / nkv));
   struct Request {
     Group* g;
     int row;
@@ -177,7 +156,7 @@ void PlannedForward::run_decode(std::span<Group* const> members, int layer, bool
     for (size_t i = first; i < last; ++i) {
       Group* g = requests[i].g;
       const int r = requests[i].row;
-      const LayerKv kv = st.layer(g->seq->id, layer);
+      const LayerKv kv = store_.layer(g->seq->id, layer);
       launch.table.add(kv);
       launch.selection.add_row(g->seq->selection, g->seq->selection.all ? 0 : r, nkv, kv.n_slots);
       launch.q_pos.push_back(static_cast<int32_t>(g->positions[r]));
@@ -208,7 +187,7 @@ void PlannedForward::run_decode(std::span<Group* const> members, int layer, bool
 // A prefill chunk on the tensor-core kernel when the executor has it, no key mass is asked and
 // the rows' selections are one pattern: the policy's prefill_mask over the whole cache, or the
 // same lists for every row. Otherwise its rows run as decode requests.
-void PlannedForward::run_prefill(Group& g, int layer) {
+void DeviceBackend::run_prefill(Group& g, int layer) {
   const PolicyNeeds& needs = g.seq->needs;
   const bool masked = needs.prefill_mask.has_value();
   if (!exec_->has_prefill_kernel() || needs.key_attention_mass || (!masked && !rows_share_lists(g.seq->selection))) {
@@ -216,7 +195,7 @@ void PlannedForward::run_prefill(Group& g, int layer) {
     run_decode(std::span<Group* const>(&one, 1), layer, needs.rope_at_cache_position);
     return;
   }
-  const LayerKv kv = store(e_).layer(g.seq->id, layer);
+  const LayerKv kv = store_.layer(g.seq->id, layer);
   PrefillLaunch launch;
   launch.table.add(kv);
   KeySelection all;
@@ -232,32 +211,29 @@ void PlannedForward::run_prefill(Group& g, int layer) {
 
 }  // namespace
 
-std::unique_ptr<DeviceForward> DeviceForward::create(Engine& engine) {
-  const EngineOptions& o = options(engine);
-  const ModelConfig& c = model(engine).config;
-  const KvStore& st = store(engine);
-  if (o.device == "cuda" && !cuda_device_available())
+std::unique_ptr<Backend> make_device_backend(const Model& model, const EngineOptions& o,
+                                             const KvStore& store, const RopeTable& rope) {
+  const ModelConfig& c = model.config;
+  const char* name = device_name(o.device);
+  if (o.device == Device::kCuda && !cuda_device_available())
     fail("device cuda: ", cuda_device_summary(), "; use device cpu");
-  if (o.device_launch_rows <= 0) fail("device ", o.device, ": device_launch_rows must be > 0");
-  if (o.device_dtype != "bf16" && o.device_dtype != "f32")
-    fail("device ", o.device, ": device dtype must be bf16 or f32, got '", o.device_dtype, "'");
+  if (o.device_launch_rows <= 0) fail("device ", name, ": device_launch_rows must be > 0");
   if (!attention_head_dim_supported(c.head_dim))
-    fail("device ", o.device, ": the attention kernels take head_dim 64 or 128; this model has ",
+    fail("device ", name, ": the attention kernels take head_dim 64 or 128; this model has ",
          c.head_dim, " (use device cpu)");
   if (c.n_heads / c.n_kv_heads > kAttentionMaxQueryGroup)
-    fail("device ", o.device, ": the decode kernel takes up to ", kAttentionMaxQueryGroup,
+    fail("device ", name, ": the decode kernel takes up to ", kAttentionMaxQueryGroup,
          " query heads per KV head; this model has ", c.n_heads / c.n_kv_heads, " (use device cpu)");
   DeviceExecutorConfig ec;
-  ec.model = &model(engine);
-  ec.num_pages = static_cast<int>(st.stats().blocks_total);
-  ec.page_size = st.config().block_size_tokens;
+  ec.model = &model;
+  ec.num_pages = static_cast<int>(store.stats().blocks_total);
+  ec.page_size = store.config().block_size_tokens;
   ec.max_tokens = o.max_tokens;
   ec.dtype = o.device_dtype;
-  ec.rope_inv_freq = model_rope_inv_freq(c);
-  ec.cache_rope = &cache_rope(engine);
+  ec.rope = &rope;
   std::unique_ptr<DeviceExecutor> exec =
-      o.device == "emulated" ? make_emulated_executor(ec) : make_cuda_executor(ec);
-  return std::make_unique<PlannedForward>(engine, std::move(exec));
+      o.device == Device::kEmulated ? make_emulated_executor(ec) : make_cuda_executor(ec);
+  return std::make_unique<DeviceBackend>(c, store, o.device_launch_rows, std::move(exec));
 }
 
-}  // namespace kvlab
+}  // namespace kvlab::engine_detail

@@ -1,0 +1,65 @@
+// The attention-step pipeline (attention_step.h).
+#include "framework/engine/attention_step.h"
+
+#include "kernels/cpu/attention.h"
+
+namespace kvlab::engine_detail {
+
+bool AttentionStep::wants_output(const Sequence& s) const {
+  for (const StepObserver* o : observers_)
+    if (o->wants_output(s)) return true;
+  return false;
+}
+
+void AttentionStep::prepare(Group& g, int layer, float* q, const float* k, const float* v) {
+  Sequence& s = *g.seq;
+  const int hd = c_.head_dim, nh = c_.n_heads, nkv = c_.n_kv_heads, group = nh / nkv;
+  const int qd = nh * hd, kvd = nkv * hd;
+  for (StepObserver* o : observers_) o->new_rows(g, layer, q, k, v);
+  if (s.needs.rope_at_cache_position) {
+    // query of row r, head h: rotated to (live tokens of its KV head before this call) + r
+    resident_before_.resize(nkv);
+    for (int kh = 0; kh < nkv; ++kh) resident_before_[kh] = store_.resident_tokens(s.id, layer, kh);
+    for (int r = 0; r < g.n_rows; ++r)
+      for (int hq = 0; hq < nh; ++hq)
+        rope_.rotate(q + static_cast<size_t>(r) * qd + hq * hd, resident_before_[hq / group] + r);
+  }
+  for (int r = 0; r < g.n_rows; ++r)
+    store_.append(s.id, layer, g.positions[r], k + static_cast<size_t>(r) * kvd, v + static_cast<size_t>(r) * kvd);
+
+  LayerStep& step = g.step;
+  step.layer = layer;
+  step.is_prefill = g.n_rows > 1;
+  step.n_new = g.n_rows;
+  step.positions = g.positions;
+  step.queries = std::span<const float>(q, static_cast<size_t>(g.n_rows) * qd);
+  const LayerKv kv = store_.layer(s.id, layer);
+  s.cache_view = LayerKvCacheView(kv);
+  step.cache = &s.cache_view;
+  step.shape = policy_shape(c_);
+  s.selection.select_all();
+  if (s.policy) s.policy->select(step, s.selection);
+
+  if (s.needs.rope_at_cache_position) {
+    s.key_rope_pos.resize(static_cast<size_t>(kv.n_slots) * nkv);
+    cache_rank_positions(kv, s.key_rope_pos.data());
+  }
+  if (s.needs.key_attention_mass) s.key_mass.assign(static_cast<size_t>(nkv) * kv.n_slots, 0.f);
+}
+
+bool AttentionStep::finish(Group& g, int layer, const float* out) {
+  Sequence& s = *g.seq;
+  const LayerKv kv = store_.layer(s.id, layer);
+  for (StepObserver* o : observers_) o->attended(g, layer, kv, out);
+  if (!s.policy) return false;
+  StepStats stats;
+  stats.n_slots = kv.n_slots;
+  if (s.needs.key_attention_mass) stats.key_mass = s.key_mass;
+  evictions_.clear(c_.n_kv_heads);
+  s.policy->after_attention(g.step, stats, evictions_);
+  if (evictions_.empty()) return false;
+  store_.evict(s.id, layer, evictions_);
+  return true;
+}
+
+}  // namespace kvlab::engine_detail

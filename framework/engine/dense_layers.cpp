@@ -1,0 +1,66 @@
+// The CPU dense layers (dense_layers.h).
+#include "framework/engine/dense_layers.h"
+
+#include <algorithm>
+
+#include "kernels/cpu/dtype.h"
+#include "kernels/cpu/ops.h"
+
+namespace kvlab::engine_detail {
+
+void DenseLayers::ensure(int rows) {
+  const size_t r = static_cast<size_t>(rows);
+  if (h_.size() >= r * c_.dim) return;
+  h_.resize(r * c_.dim), tmp_.resize(r * c_.dim);
+  const size_t ffn_rows = std::min<size_t>(r, kFfnRows);
+  gate_.resize(ffn_rows * c_.hidden_dim), up_.resize(ffn_rows * c_.hidden_dim);
+}
+
+void DenseLayers::embed(std::span<const int32_t> tokens, float* x) const {
+  for (size_t r = 0; r < tokens.size(); ++r)
+    to_float(m_.tok_embeddings.dtype, m_.tok_embeddings.row(tokens[r]), x + r * c_.dim, c_.dim);
+}
+
+void DenseLayers::qkv(int layer, const float* x, int n, float* q, float* k, float* v) {
+  ensure(n);
+  const LayerWeights& w = m_.layers[layer];
+  const int dim = c_.dim;
+  float* h = h_.data();
+  for (int r = 0; r < n; ++r) rms_norm(x + r * dim, w.attn_norm.data(), dim, c_.rms_eps, h + r * dim);
+  linear(pool_, h, n,
+         {{w.wq, q, w.bq.empty() ? nullptr : w.bq.data()},
+          {w.wk, k, w.bk.empty() ? nullptr : w.bk.data()},
+          {w.wv, v, w.bv.empty() ? nullptr : w.bv.data()}},
+         linear_);
+}
+
+void DenseLayers::out_ffn(int layer, const float* att, int n, float* x) {
+  ensure(n);
+  const LayerWeights& w = m_.layers[layer];
+  const int dim = c_.dim;
+  float* h = h_.data();
+  linear(pool_, att, n, {{w.wo, tmp_.data(), nullptr}}, linear_);
+  add_inplace(x, tmp_.data(), static_cast<int64_t>(n) * dim);
+  for (int r0 = 0; r0 < n; r0 += kFfnRows) {
+    const int nr = std::min(kFfnRows, n - r0);
+    float* xr = x + static_cast<size_t>(r0) * dim;
+    for (int r = 0; r < nr; ++r) rms_norm(xr + r * dim, w.ffn_norm.data(), dim, c_.rms_eps, h + r * dim);
+    linear(pool_, h, nr, {{w.w_gate, gate_.data(), nullptr}, {w.w_up, up_.data(), nullptr}}, linear_);
+    swiglu(gate_.data(), up_.data(), static_cast<int64_t>(nr) * c_.hidden_dim);
+    linear(pool_, gate_.data(), nr, {{w.w_down, tmp_.data(), nullptr}}, linear_);
+    add_inplace(xr, tmp_.data(), static_cast<int64_t>(nr) * dim);
+  }
+}
+
+void DenseLayers::logits(const float* x, std::span<const int> rows, float* out) {
+  if (rows.empty()) return;
+  const int n_out = static_cast<int>(rows.size());
+  ensure(n_out);
+  const int dim = c_.dim;
+  for (int i = 0; i < n_out; ++i)
+    rms_norm(x + static_cast<size_t>(rows[i]) * dim, m_.final_norm.data(), dim, c_.rms_eps,
+             h_.data() + static_cast<size_t>(i) * dim);
+  linear(pool_, h_.data(), n_out, {{m_.lm_head, out, nullptr}}, linear_);
+}
+
+}  // namespace kvlab::engine_detail

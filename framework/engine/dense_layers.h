@@ -1,0 +1,45 @@
+// The dense part of the Llama forward pass on the CPU (kernels/cpu: linear, RMSNorm, SwiGLU),
+// shared by the CPU backend and the emulated device, over row-major activations:
+//   embed:       x[r] = tok_embeddings[tokens[r]]                               [n, dim]
+//   qkv:         h = RMSNorm(x) * attn_norm;  q = Wq h (+bq), k = Wk h (+bk), v = Wv h (+bv)
+//   out_ffn:     x += Wo att;  h = RMSNorm(x) * ffn_norm;  x += W_down (silu(W_gate h) * (W_up h))
+//                (kFfnRows rows at a time, bounding the [rows, hidden] buffers)
+//   logits:      logits[i] = lm_head RMSNorm(x[rows[i]]) * final_norm            [m, vocab]
+// The dense layers read the weights once per call for all rows: matvec kernels for a few rows
+// (decode), OpenBLAS sgemm for many (prefill). Weights stay in their stored dtype.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "framework/model/model.h"
+#include "kernels/cpu/linear.h"
+#include "kernels/cpu/thread_pool.h"
+
+namespace kvlab::engine_detail {
+
+// Rows of a prefill chunk pushed through the feed-forward block at once.
+inline constexpr int kFfnRows = 128;
+
+class DenseLayers {
+ public:
+  DenseLayers(const Model& model, ThreadPool& pool) : m_(model), c_(model.config), pool_(pool) {}
+
+  void embed(std::span<const int32_t> tokens, float* x) const;
+  // q [n, n_heads * hd], k and v [n, n_kv_heads * hd].
+  void qkv(int layer, const float* x, int n, float* q, float* k, float* v);
+  // att [n, n_heads * hd] -> x [n, dim] updated in place.
+  void out_ffn(int layer, const float* att, int n, float* x);
+  void logits(const float* x, std::span<const int> rows, float* out);
+
+ private:
+  void ensure(int rows);
+  const Model& m_;
+  const ModelConfig& c_;
+  ThreadPool& pool_;
+  std::vector<float> h_, tmp_, gate_, up_;
+  LinearScratch linear_;
+};
+
+}  // namespace kvlab::engine_detail
