@@ -158,6 +158,7 @@ def register(index_dir: Path, name: str, file: Path, source_quant: str, license_
     fd, tmp = tempfile.mkstemp(dir=index_dir, prefix=".index.")
     with os.fdopen(fd, "w", encoding="utf-8") as out:
         out.write(text)
+    os.chmod(tmp, 0o644)  # mkstemp makes it 0600
     os.replace(tmp, index_dir / "index.tsv")
     print(f"registered {name}: {arch}, {source_quant} -> {stored_dtype}, context {ctx}, {license_}")
 
