@@ -8,8 +8,9 @@
 #
 # What it costs (measured on the 2-core development machine, shared with other jobs, see
 # docs/models/peer.md): about 3.0 GB of wheels (torch 2.15.0 515 MB, its CUDA 13 libraries
-# about 2.1 GB, triton 273 MB, the rest small), about 18 minutes to download here, and the
-# install itself. Why not less (investigated, docs/models/peer.md): PyPI serves no CPU-only
+# about 2.1 GB, triton 273 MB, the rest small), about 18 minutes to download here, and 59
+# minutes to install from those wheels (6.2 GB venv; mostly waiting on a disk and CPUs that
+# other jobs shared). Why not less (investigated, docs/models/peer.md): PyPI serves no CPU-only
 # torch for Linux x86_64 (those wheels live on PyTorch's own index, which is not reachable);
 # Debian's python3-torch is 1.13, below kvpress's torch>=2.3.1; and torch installed with
 # --no-deps does not import: libtorch_python.so and libtorch_cuda.so link cudart, cudnn, cufile,
