@@ -13,6 +13,7 @@
 #include "framework/core/error.h"
 #include "framework/model/gguf.h"
 #include "framework/model/model.h"
+#include "framework/model/model_registry.h"
 
 namespace kvlab::cli {
 
@@ -35,7 +36,7 @@ int run_model_info(const std::vector<std::string>& args) {
   po::options_description desc("options");
   desc.add_options()
       ("model", po::value<std::string>()->required(),
-       "*.gguf | Hugging Face directory | llama2.c *.bin")
+       "*.gguf | Hugging Face directory | llama2.c *.bin | a registered name (kvlab models)")
       ("tokenizer,t", po::value<std::string>(), "tokenizer file to use instead of the model's own")
       ("metadata", "also list every GGUF metadata key (GGUF files only)")
       ("json", "print one JSON object instead of text");
@@ -46,7 +47,7 @@ int run_model_info(const std::vector<std::string>& args) {
 
   LoadOptions opts;
   if (vm.count("tokenizer")) opts.tokenizer_path = vm["tokenizer"].as<std::string>();
-  const std::unique_ptr<Model> model = load_model(vm["model"].as<std::string>(), opts);
+  const std::unique_ptr<Model> model = load_model(resolve_model_path(vm["model"].as<std::string>(), "model-info"), opts);
   const ModelConfig& c = model->config;
   const LayerWeights& l0 = model->layers.at(0);
   const int64_t params = parameter_count(*model);

@@ -1,9 +1,11 @@
 // kvlab perplexity --model PATH --text FILE --ctx N: perplexity by the llama.cpp protocol
-// (POLICIES.md section 8, evals/perplexity.h "chunked"): the whole file is tokenized with BOS,
-// cut into non-overlapping windows of N tokens (the text must hold at least 2N), each window's
-// first token replaced by BOS and fed to a fresh sequence in one prefill with all logits, and
-// only the second half of each window scored (positions N/2+1 .. N-1). Prints
-// PPL = exp(mean NLL) with its standard error (delta method, as llama.cpp).
+// (POLICIES.md section 8, evals/perplexity.h "chunked"): the whole file is tokenized (with BOS
+// first when the tokenizer adds one by default, e.g. GGUF tokenizer.ggml.add_bos_token, as
+// llama.cpp), cut into non-overlapping windows of N tokens (the text must hold at least 2N),
+// each window's first token replaced by BOS (only when BOS is added, as llama.cpp) and fed to a
+// fresh sequence in one prefill with all logits, and only the second half of each window scored
+// (positions N/2+1 .. N-1). Prints PPL = exp(mean NLL) with its standard error (delta method,
+// as llama.cpp). --nll-out FILE writes one line per scored token: position, token id, NLL.
 #include <chrono>
 #include <cstdio>
 #include <unistd.h>
@@ -43,7 +45,8 @@ int run_perplexity(const std::vector<std::string>& args) {
   desc.add_options()
       ("text", po::value<std::string>()->required(), "UTF-8 text file to score")
       ("ctx", po::value<int>()->default_value(512), "window length N in tokens (the text needs >= 2N)")
-      ("max-windows", po::value<int>()->default_value(0), "score at most this many windows; 0 = all");
+      ("max-windows", po::value<int>()->default_value(0), "score at most this many windows; 0 = all")
+      ("nll-out", po::value<std::string>(), "write 'position token nll' per scored token to this file");
   add_model_options(desc);
   add_policy_options(desc);
   po::positional_options_description pos;
@@ -61,10 +64,11 @@ int run_perplexity(const std::vector<std::string>& args) {
   if (n_ctx > c.max_seq_len)
     fail("--ctx ", n_ctx, " is longer than the model's context of ", c.max_seq_len, " tokens");
   const Tokenizer& tok = model->require_tokenizer();
-  if (tok.bos_id() < 0) fail("the tokenizer has no BOS token, which the llama.cpp protocol needs");
+  const bool add_bos = tok.add_bos_by_default();
+  if (add_bos && tok.bos_id() < 0) fail("the tokenizer adds BOS by default but has no BOS token");
 
   EncodeOptions eo;
-  eo.add_bos = true;
+  eo.add_bos = add_bos;
   std::vector<int32_t> tokens = tok.encode(text, eo);
   const size_t windows = tokens.size() / static_cast<size_t>(n_ctx);
   if (windows < 2)
@@ -95,12 +99,21 @@ int run_perplexity(const std::vector<std::string>& args) {
     std::fprintf(stderr, tty ? "\r[%lld / %zu tokens, %.0f tok/s]" : "[%lld / %zu tokens, %.0f tok/s]\n",
                  static_cast<long long>(fed), tokens.size(), fed / std::max(s, 1e-9));
   };
-  const PerplexityResult r = evaluate_perplexity(lm, tokens, tok.bos_id(), po_);
+  const PerplexityResult r = evaluate_perplexity(lm, tokens, add_bos ? tok.bos_id() : -1, po_);
   if (tty) std::fprintf(stderr, "\n");
-  std::printf("PPL = %.4f +/- %.4f  (%zu scored tokens in %zu windows of %d, text %s, %zu tokens with BOS, "
-              "tokenizer %s)\n",
+  if (vm.count("nll-out")) {
+    const std::string out_path = vm["nll-out"].as<std::string>();
+    std::FILE* f = std::fopen(out_path.c_str(), "w");
+    if (f == nullptr) fail(out_path, ": cannot write the NLL file");
+    for (size_t k = 0; k < r.nll.size(); ++k)
+      std::fprintf(f, "%lld %d %.9g\n", static_cast<long long>(r.positions[k]),
+                   tokens[static_cast<size_t>(r.positions[k])], static_cast<double>(r.nll[k]));
+    if (std::fclose(f) != 0) fail(out_path, ": write failed");
+  }
+  std::printf("PPL = %.4f +/- %.4f  (%zu scored tokens in %zu windows of %d, text %s, %zu tokens, "
+              "tokenizer %s%s)\n",
               r.ppl, r.ppl_stderr, r.nll.size(), tokens.size() / static_cast<size_t>(n_ctx), n_ctx,
-              text_path.c_str(), tokens.size(), tok.kind().c_str());
+              text_path.c_str(), tokens.size(), tok.kind().c_str(), add_bos ? "" : ", no BOS");
   return 0;
 }
 

@@ -9,6 +9,7 @@
 
 #include "framework/cli/options.h"
 #include "framework/core/error.h"
+#include "framework/model/model_registry.h"
 #include "framework/tokenizer/tokenizer.h"
 
 namespace kvlab::cli {
@@ -30,7 +31,7 @@ int run_tokenize(const std::vector<std::string>& args) {
   if (vm.count("pieces") + vm.count("ids") + vm.count("decode") > 1)
     fail("--ids, --pieces and --decode exclude each other (see ", args[0], " --help)");
 
-  const auto tokenizer = load_tokenizer(vm["tokenizer"].as<std::string>());
+  const auto tokenizer = load_tokenizer(resolve_model_path(vm["tokenizer"].as<std::string>(), "--tokenizer"));
   std::cin >> std::noskipws;
   const std::string input((std::istreambuf_iterator<char>(std::cin)), std::istreambuf_iterator<char>());
 

@@ -22,6 +22,7 @@ int run_report(const std::vector<std::string>& args);
 int run_model_info(const std::vector<std::string>& args);
 int run_generate(const std::vector<std::string>& args);
 int run_perplexity(const std::vector<std::string>& args);
+int run_models(const std::vector<std::string>& args);
 }  // namespace kvlab::cli
 
 namespace {
@@ -36,6 +37,7 @@ constexpr Command kCommands[] = {
     {"validate", "check an experiment YAML without running it", &kvlab::cli::run_validate},
     {"merge", "join the results files of sharded runs (kvlab run --shard I/N)", &kvlab::cli::run_merge},
     {"report", "print the summary tables of a results file", &kvlab::cli::run_report},
+    {"models", "the registered models (scripts/setup_models.sh): names for --model and model.path", &kvlab::cli::run_models},
     {"model-info", "architecture, shapes, dtypes, parameters and KV bytes/token of a model file", &kvlab::cli::run_model_info},
     {"generate", "stream a continuation of a prompt (sampling, --policy)", &kvlab::cli::run_generate},
     {"perplexity", "perplexity of a text file by the llama.cpp protocol (windows of --ctx)", &kvlab::cli::run_perplexity},

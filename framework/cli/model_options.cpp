@@ -2,6 +2,7 @@
 
 #include "framework/core/error.h"
 #include "framework/engine/device.h"
+#include "framework/model/model_registry.h"
 
 #include <string>
 
@@ -9,7 +10,7 @@ namespace kvlab::cli {
 
 void add_model_options(po::options_description& desc) {
   desc.add_options()
-      ("model,m", po::value<std::string>()->required(), "*.gguf | Hugging Face directory | llama2.c *.bin")
+      ("model,m", po::value<std::string>()->required(), "*.gguf | Hugging Face directory | llama2.c *.bin | a registered name (kvlab models)")
       ("threads", po::value<int>()->default_value(0), "threads; 0 = all cores")
       ("tokenizer,t", po::value<std::string>(), "tokenizer file to use instead of the model's own")
       ("weight-dtype", po::value<std::string>()->default_value("keep"),
@@ -30,7 +31,7 @@ std::unique_ptr<Model> load_model_from_options(const po::variables_map& vm) {
   lo.weight_dtype = vm["weight-dtype"].as<std::string>();
   lo.require_tokenizer = true;
   if (vm.count("tokenizer")) lo.tokenizer_path = vm["tokenizer"].as<std::string>();
-  return load_model(vm["model"].as<std::string>(), lo);
+  return load_model(resolve_model_path(vm["model"].as<std::string>(), "--model"), lo);
 }
 
 }  // namespace kvlab::cli

@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "framework/core/error.h"
+#include "framework/model/model_registry.h"
 #include "framework/core/strings.h"
 #include "framework/policy/policy.h"
 
@@ -195,7 +196,11 @@ std::vector<fs::path> read_paths(const Reader& r, const YAML::Node& node, const 
 
 void parse_model(const Reader& r, const YAML::Node& node, const fs::path& file, ModelSpec& m) {
   r.expect_map(node, "model", {"path", "dtype", "threads", "tokenizer"}, {"path"});
-  m.path = resolve_path(r.get_string(node["path"], "model.path"), file);
+  const std::string text = r.get_string(node["path"], "model.path");
+  m.path = resolve_path(text, file);
+  // A registered short name (model_registry.h) when no such file exists.
+  if (!fs::exists(m.path) && looks_like_model_name(text))
+    if (auto reg = find_registered_model(text)) m.path = reg->file;
   m.path_ref = r.ref(node["path"], "model.path");
   if (node["dtype"])
     m.dtype = r.get_choice(node["dtype"], "model.dtype", {"keep", "f32", "f16", "bf16", "q8_0"});
@@ -401,6 +406,8 @@ void check_files_exist(const ExperimentSpec& spec) {
          fs::absolute(p).lexically_normal().string(), " and ",
          fs::absolute(spec.file.parent_path() / p).lexically_normal().string(), ")");
   };
+  if (!fs::exists(spec.model.path) && looks_like_model_name(spec.model.path.string()))
+    resolve_model_path(spec.model.path.string(), spec.file.string() + ": model.path");  // names the registry
   check(spec.model.path, "model.path");
   if (!spec.model.tokenizer.empty()) check(spec.model.tokenizer, "model.tokenizer");
   for (size_t i = 0; i < spec.plugins.size(); ++i) check(spec.plugins[i], str_cat("plugins[", i, "]"));

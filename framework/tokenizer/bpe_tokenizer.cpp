@@ -49,9 +49,14 @@ BpeTokenizer::BpeTokenizer(BpeVocab vocab, const std::string& source)
     std::string spelled;
     utf8::append(spelled, table[b]);
     const auto it = token_to_id_.find(spelled);
-    if (it == token_to_id_.end())
+    // Some real vocabularies lack a few bytes that text hardly holds (SmolLM2: 21 of them, C0
+    // controls such as 0x04 and bytes that are never or almost never in UTF-8, 0xC0, 0xF1,
+    // 0xF5-0xFF). Such a byte is kept as a symbol that merges with nothing and is dropped from
+    // the output, as llama.cpp's BPE tokenizer does. A vocabulary without every printable
+    // ASCII byte is not byte-level at all.
+    if (it == token_to_id_.end() && b >= 0x20 && b <= 0x7E)
       fail(source, ": not a byte-level BPE vocabulary: no token for byte 0x", std::hex, b, " ('", spelled, "')");
-    byte_token_[b] = it->second;
+    byte_token_[b] = it == token_to_id_.end() ? kNoToken : it->second;
   }
 
   merges_.reserve(vocab.merges.size());
@@ -122,7 +127,7 @@ void BpeTokenizer::encode_text(std::string_view text, bool at_start, std::vector
 
 void BpeTokenizer::encode_word(std::string_view word, std::vector<int32_t>& out) const {
   if (word.size() == 1) {
-    out.push_back(byte_token_[static_cast<uint8_t>(word[0])]);
+    if (const int32_t id = byte_token_[static_cast<uint8_t>(word[0])]; id != kNoToken) out.push_back(id);
     return;
   }
   if (ignore_merges_) {
@@ -190,7 +195,8 @@ void BpeTokenizer::merge_word(std::string_view word, std::vector<int32_t>& out) 
     push_pair(prev[c.pos]);
     push_pair(c.pos);
   }
-  for (int i = 0; i >= 0; i = next[i]) out.push_back(ids[i]);
+  for (int i = 0; i >= 0; i = next[i])
+    if (ids[i] != kNoToken) out.push_back(ids[i]);  // a byte without a token (see the constructor)
 }
 
 std::string BpeTokenizer::decode(std::span<const int32_t> ids) const {

@@ -79,7 +79,8 @@ class BpeTokenizer final : public Tokenizer {
   std::vector<std::string> bytes_;       // [vocab] bytes each id contributes to decoded text
   std::unordered_map<std::string, int32_t> token_to_id_;
   std::unordered_map<uint64_t, Merge> merges_;  // (left id, right id) -> rank, merged id
-  std::array<int32_t, 256> byte_token_{};       // [256] id of the single-byte token
+  static constexpr int32_t kNoToken = -1;      // a byte the vocabulary has no token for
+  std::array<int32_t, 256> byte_token_{};       // [256] id of the single-byte token, or kNoToken
   std::vector<BpeAddedToken> added_;            // longest content first
   std::array<bool, 256> added_first_byte_{};    // some added token starts with this byte
   PreTokenizer pre_;

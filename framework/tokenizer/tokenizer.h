@@ -12,8 +12,9 @@
 //   - encode() never throws on any byte string (invalid UTF-8 included). Special tokens
 //     (BOS/EOS/control/added special tokens) written in the text are recognised only with
 //     EncodeOptions::parse_special; otherwise they are ordinary text.
-//   - decode(encode(x)) == x for every valid UTF-8 x. For invalid UTF-8: the byte-level BPE
-//     round-trips the bytes exactly; SentencePiece (the library, hence the real models) replaces
+//   - decode(encode(x)) == x for every valid UTF-8 x (byte-level BPE: unless x holds one of the
+//     few non-printable bytes a vocabulary may lack, which are dropped as llama.cpp drops them).
+//     For invalid UTF-8: the byte-level BPE round-trips the bytes it has tokens for; SentencePiece (the library, hence the real models) replaces
 //     each invalid byte by U+FFFD before encoding, so decode gives that U+FFFD text back.
 //   - decode() returns bytes: a byte-fallback piece (<0xE4>) contributes its raw byte, so a
 //     sequence cut in the middle of a character yields a partial UTF-8 sequence; StreamDecoder

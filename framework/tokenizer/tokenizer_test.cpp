@@ -420,6 +420,33 @@ TEST(TokenizerBpeJson, MalformedFilesGiveClearErrors) {
   expect_error([&] { load_tokenizer(missing_bytes); }, missing_bytes, "no token for byte");
 }
 
+// A byte-level vocabulary that lacks a few non-printable bytes (SmolLM2's lacks 21, e.g. 0x04)
+// loads; such a byte merges with nothing and is dropped from the ids, as llama.cpp does.
+TEST(TokenizerBpeJson, BytesWithoutATokenAreDropped) {
+  const fs::path path = temp_dir() / "gappy.json";
+  std::string vocab;
+  int id = 0;
+  int id_of_a = -1, id_of_b = -1, id_of_ab = -1;
+  for (int b = 0; b < 256; ++b) {
+    if (b == 0x04 || b == 0xF5) continue;
+    std::string spelled;
+    utf8::append(spelled, byte_level::byte_to_codepoint()[b]);
+    if (b == '"' || b == '\\') spelled = "\\" + spelled;
+    if (b == 'a') id_of_a = id;
+    if (b == 'b') id_of_b = id;
+    vocab += (vocab.empty() ? "" : ", ") + ("\"" + spelled + "\": " + std::to_string(id++));
+  }
+  id_of_ab = id;
+  vocab += ", \"ab\": " + std::to_string(id);
+  write_file(path, R"({"model": {"type": "BPE", "vocab": {)" + vocab +
+                       R"(}, "merges": ["a b"]}, "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false}})");
+  const auto tok = load_tokenizer(path);
+  EXPECT_EQ(tok->encode("ab"), (std::vector<int32_t>{id_of_ab}));
+  EXPECT_EQ(tok->encode("a\x04" "b"), (std::vector<int32_t>{id_of_a, id_of_b}));  // 0x04 blocks the merge
+  EXPECT_EQ(tok->encode("\x04"), std::vector<int32_t>{});
+  EXPECT_EQ(tok->encode("a\xF5"), (std::vector<int32_t>{id_of_a}));
+}
+
 // --- random awkward input ---------------------------------------------------------------------------
 
 // Random byte strings biased towards the awkward: spaces, newlines, multi-byte lead and
