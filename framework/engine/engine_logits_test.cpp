@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "framework/engine/engine.h"
+#include "framework/engine/logit_bound.h"
 #include "framework/model/model.h"
 
 namespace kvlab {
@@ -101,46 +102,6 @@ std::vector<float> reference_logits(const fs::path& hf_dir, const std::vector<in
   EXPECT_EQ(in.gcount(), static_cast<std::streamsize>(lg.size() * sizeof(float))) << out;
   fs::remove(out);
   return lg;
-}
-
-// Bound on |fp32 engine logit - exact logit| for one forward pass over n_tokens.
-//
-// Each logit is a D-term dot product of an lm_head row w_v with the final hidden state
-// h = g * x / rms(x) (g the final norm weight), so every term is bounded by
-//   M = max_v |w_v|_2 * max_d |g_d| * sqrt(D)       (Cauchy-Schwarz; |x / rms(x)|_2 = sqrt(D))
-// and an error dh gives |d logit_v| <= |w_v|_2 |dh|_2 <= M * (|dh|_2 / |h|_2 bound).
-// Rounding: fp32, u = 2^-24. A sum of K products in any order (BLAS kernels, SIMD widths, tile
-// sizes: this is what differs between machines) has error <= lambda sqrt(K) u sum|terms| with
-// probability >= 1 - 2 exp(-lambda^2 / 2) under the probabilistic model of Higham & Mary (SIAM
-// J. Sci. Comput. 41, 2019); lambda = 6 (failure probability ~1e-8 per sum, over <= 1e5 logits).
-// The relative errors of the stages one logit depends on add up (they are independent roundings;
-// RMSNorm removes the residual stream's scale, so a relative error passes through a layer and
-// the layer adds its own); the accumulation lengths along that path are, per layer,
-//   D (Q/K/V projections) + head_dim (scores) + n_tokens (softmax sum, P.V) + n_heads*head_dim
-//   (output projection) + D (gate/up) + hidden (down),  and D once more for the lm_head,
-// so |dh|_2 / |h|_2 <= 2 lambda u sqrt(N) (the 2: x / rms(x) carries the relative error of x and
-// that of rms(x)), N the sum of those lengths. Hence
-//   |d logit| <= 2 lambda u sqrt(N) M.
-// Two fp32 passes that round differently (decode vs prefill, permuted Q/K) differ by up to twice
-// this. The reference (numpy float64) rounds negligibly (2^-53).
-double logit_bound(const Model& m, size_t n_tokens) {
-  const ModelConfig& c = m.config;
-  double w_norm = 0;
-  std::vector<float> row(c.dim);
-  for (int64_t v = 0; v < c.vocab_size; ++v) {
-    weight_row_to_float(m.lm_head, v, row.data());
-    double s = 0;
-    for (float x : row) s += double(x) * x;
-    w_norm = std::max(w_norm, std::sqrt(s));
-  }
-  double g_max = 0;
-  for (float g : m.final_norm) g_max = std::max(g_max, double(std::fabs(g)));
-  const double M = w_norm * g_max * std::sqrt(double(c.dim));
-  const double per_layer = 2.0 * c.dim + c.head_dim + double(n_tokens) +
-                           double(c.n_heads) * c.head_dim + c.hidden_dim;
-  const double N = c.n_layers * per_layer + c.dim;
-  constexpr double kU = 0x1p-24, kLambda = 6;
-  return 2 * kLambda * kU * std::sqrt(N) * M;
 }
 
 float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
