@@ -12,6 +12,7 @@
 #include <random>
 
 #include "framework/engine/engine.h"
+#include "framework/engine/logit_bound.h"
 #include "framework/engine/random_model.h"
 #include "kernels/testing/reference_attention.h"
 #include "policies/builtin.h"
@@ -179,7 +180,9 @@ TEST(EngineConformance, UnlimitedBudgetEqualsFull) {
     auto params = registry().at(name).unlimited_params();
     ASSERT_TRUE(params) << name;
     const auto got = run_logits(e, make({name, *params}), tokens);
-    EXPECT_LE(max_abs_diff(got, full), 1e-4f) << name;
+    // the policy's path (explicit selections, eviction bookkeeping) may sum in another order:
+    // two differently rounded passes (logit_bound.h)
+    EXPECT_LE(max_abs_diff(got, full), 2 * logit_bound(tiny_model(), tokens.size())) << name;
   }
 }
 
@@ -194,11 +197,12 @@ TEST(EngineConformance, MaskPoliciesEqualDenseMaskedReference) {
     ++checked;
     const auto want = masked_reference(tiny_model(), tokens, mask->allow);
     const auto got = run_logits(e, std::move(p), tokens);
-    EXPECT_LE(max_abs_diff(got, want), 1e-4f) << describe(c);
+    // against the double-precision masked reference: one fp32 pass (logit_bound.h)
+    EXPECT_LE(max_abs_diff(got, want), logit_bound(tiny_model(), tokens.size())) << describe(c);
   }
   // full is checked against the causal reference too.
   const auto want = masked_reference(tiny_model(), tokens, [](int, int, int64_t i, int64_t j) { return j <= i; });
-  EXPECT_LE(max_abs_diff(run_logits(e, nullptr, tokens), want), 1e-4f) << "full";
+  EXPECT_LE(max_abs_diff(run_logits(e, nullptr, tokens), want), logit_bound(tiny_model(), tokens.size())) << "full";
   EXPECT_GE(checked, 8);
 }
 

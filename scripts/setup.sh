@@ -19,6 +19,7 @@ packages=(
   libopenblas-dev                # prefill GEMMs
   nlohmann-json3-dev             # tokenizer.json, config.json, safetensors headers
   python3-numpy python3-regex python3-sentencepiece   # independent references in tests
+  python3-torch                  # the second (PyTorch) reference of llama_reference_test
   python3-h5py python3-matplotlib                     # results analysis (evals/analyze.py)
 )
 

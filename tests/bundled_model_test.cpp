@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "framework/engine/engine.h"
+#include "framework/engine/logit_bound.h"
 #include "framework/model/model.h"
 #include "framework/tokenizer/tokenizer.h"
 
@@ -75,7 +76,11 @@ TEST_P(BundledModel, LogitsMatchThePyTorchModel) {
   float max_diff = 0.f;
   for (size_t i = 0; i < logits.size(); ++i)
     max_diff = std::max(max_diff, std::abs(logits[i] - expected[i]));
-  EXPECT_LE(max_diff, 1e-3f) << GetParam();
+  // The PyTorch logits are an fp32 pass too (data/torch_logits.py): two differently rounded
+  // passes, each within logit_bound() of the exact logits (framework/engine/logit_bound.h).
+  const double bound = 2 * logit_bound(*model, tokens.size());
+  std::printf("%s: bound %.3g\n", GetParam().c_str(), bound);
+  EXPECT_LE(max_diff, bound) << GetParam();
   RecordProperty("max_abs_logit_diff", std::to_string(max_diff));
   std::printf("%s: max |kvlab - PyTorch| = %.3g over %zu tokens\n", GetParam().c_str(), max_diff,
               tokens.size());

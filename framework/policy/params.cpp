@@ -75,7 +75,8 @@ ParamValues validate_params(const std::string& policy_name, const ParamSpecs& sp
                             const std::string& context) {
   std::map<std::string, ParamValue> out;
   for (const auto& [key, value] : raw) {
-    auto spec = std::find_if(specs.begin(), specs.end(), [&](auto& s) { return s.name == key; });
+    // (an init-capture: clang 14 cannot capture a structured binding)
+    auto spec = std::find_if(specs.begin(), specs.end(), [&name = key](auto& s) { return s.name == name; });
     if (spec == specs.end()) {
       std::string msg = str_cat(context, ".", key, ": unknown parameter of policy '", policy_name, "'");
       std::vector<std::string> names;

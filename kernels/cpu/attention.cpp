@@ -13,6 +13,12 @@
 // col_j = sum_q exp(S[q][j] - LSE_q) are formed from them, so no key is read twice. Column sums
 // go into key_mass directly on one thread (items run in order), else into per-item buffers that
 // are added per KV head in item order afterwards: the same sums in the same order either way.
+//
+// This file is compiled twice (cpu_path.h): as itself, the portable instance (plain loops, the
+// build's baseline ISA; it also holds the dispatching attention()), and through
+// attention_avx2.cpp with KVLAB_ATTENTION_AVX2=1, where every function below is compiled with
+// target("avx2,fma") and the 8-wide helpers are used. Only the helpers and the four places
+// that call them differ between the two (#if KVLAB_ATTENTION_AVX2).
 #include <immintrin.h>
 
 #include <algorithm>
@@ -23,14 +29,35 @@
 #include "kernels/common/online_softmax.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/attention_common.h"
+#include "kernels/cpu/cpu_path.h"
+
+#ifndef KVLAB_ATTENTION_AVX2
+#define KVLAB_ATTENTION_AVX2 0
+#endif
+
+// Everything from here to the matching pop gets the AVX2+FMA target in the AVX2 instance (the
+// headers above keep the baseline, so their inline functions are the same in both objects).
+#if KVLAB_ATTENTION_AVX2
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+#endif
+#endif
 
 namespace kvlab {
+
+void attention_tiled_avx2(const AttentionArgs& a, int n_threads);      // attention_avx2.cpp
+void attention_tiled_portable(const AttentionArgs& a, int n_threads);  // this file
+
 namespace {
 
 constexpr int kTile = 32;   // keys per tile (a multiple of 8)
 constexpr int kMaxQ = 32;   // query vectors per work item
 static_assert(kTile % 8 == 0);
 
+#if KVLAB_ATTENTION_AVX2
 // ---- 8-wide helpers (AVX2 + FMA) --------------------------------------------------------------
 
 // [sum(a0), sum(a1), ..., sum(a7)]: the 8 horizontal sums in one register.
@@ -175,6 +202,7 @@ void pv4_accumulate(float* const* o, const float* alpha, const float* const* P,
   for (; d + 16 <= D; d += 16) pv4_chunk<2>(o, alpha, P, v, n, d);
   if (d < D) pv4_chunk<1>(o, alpha, P, v, n, d);
 }
+#endif  // KVLAB_ATTENTION_AVX2
 
 // ---- work items -------------------------------------------------------------------------------
 
@@ -346,13 +374,14 @@ ItemQueries item_queries(const AttentionArgs& a, const WorkItem& it, Scratch& sc
 // S[q][0..kTile) for every query of the item: scores of the tile's keys, -inf where masked
 // (causality per query, and the padding past t.n).
 void tile_scores(const ItemQueries& iq, const KeyTile& t, const Scratch& sc, float* S, int D) {
-  const bool simd = D % 8 == 0;
+  const bool simd = KVLAB_ATTENTION_AVX2 && D % 8 == 0;
   const float* kp[kTile];
   for (int j = 0; j < kTile; ++j) kp[j] = j < t.n ? t.k[j] : sc.zeros.data();
   int64_t tile_max_pos = INT64_MIN;
   for (int j = 0; j < t.n; ++j) tile_max_pos = std::max(tile_max_pos, t.pos[j]);
-  const int n8 = (t.n + 7) / 8 * 8;
   int q = 0;
+#if KVLAB_ATTENTION_AVX2
+  const int n8 = (t.n + 7) / 8 * 8;
   if (simd) {  // groups of 4 queries share every key load
     for (; q + 4 <= iq.n; q += 4) {
       const float* qv = sc.q.data() + static_cast<size_t>(q) * D;
@@ -367,11 +396,14 @@ void tile_scores(const ItemQueries& iq, const KeyTile& t, const Scratch& sc, flo
       }
     }
   }
+#endif
   for (; q < iq.n; ++q) {
     const float* qv = sc.q.data() + static_cast<size_t>(q) * D;
     float* row = S + static_cast<size_t>(q) * kTile;
     if (simd) {
+#if KVLAB_ATTENTION_AVX2
       for (int j = 0; j < n8; j += 8) _mm256_storeu_ps(row + j, dot8(qv, kp + j, D));
+#endif
     } else {
       for (int j = 0; j < t.n; ++j) {
         float acc = 0.f;
@@ -423,10 +455,14 @@ void item_key_mass(const AttentionArgs& a, const WorkItem& it, int n_q, const fl
     for (int q = 0; q < n_q; ++q) {
       if (lse[q] == kNegInf) continue;
       const float* row = S + static_cast<size_t>(q) * kTile;
+#if KVLAB_ATTENTION_AVX2
       const __m256 l = _mm256_set1_ps(lse[q]);
       for (int j = 0; j < kTile; j += 8)
         _mm256_store_ps(col + j, _mm256_add_ps(_mm256_load_ps(col + j),
                                                exp8(_mm256_sub_ps(_mm256_loadu_ps(row + j), l))));
+#else
+      for (int j = 0; j < n; ++j) col[j] += std::exp(row[j] - lse[q]);
+#endif
     }
     if (direct) {
       add_item_mass(a, it.kv_head, slot, col, n);
@@ -451,7 +487,7 @@ void run_item(const AttentionArgs& a, const WorkItem& it, float* lse_all, bool d
   KeyWalker walker(a, it, iq.max_pos, sc);
   KeyTile t;
   float* S = sc.s.data();
-  const bool simd = D % 8 == 0;
+  const bool simd = KVLAB_ATTENTION_AVX2 && D % 8 == 0;
   const bool mass = a.key_mass != nullptr;
   if (mass) { sc.raw_s.clear(); sc.raw_slot.clear(); sc.raw_n.clear(); }
   while (walker.next(t)) {
@@ -462,12 +498,13 @@ void run_item(const AttentionArgs& a, const WorkItem& it, float* lse_all, bool d
       sc.raw_slot.resize(sc.raw_slot.size() + (kTile - t.n), 0);
       sc.raw_n.push_back(t.n);
     }
-    const int n8 = (t.n + 7) / 8 * 8;
     float alpha[kMaxQ];
     for (int q = 0; q < iq.n; ++q) {
       float* row = S + static_cast<size_t>(q) * kTile;
       // m' = max(m, max_j s_j); alpha = exp(m - m'); p_j = exp(s_j - m') (0 where masked; a
       // query that sees nothing in the tile gets alpha 1, or 0 while it has seen nothing).
+#if KVLAB_ATTENTION_AVX2
+      const int n8 = (t.n + 7) / 8 * 8;
       __m256 mx = _mm256_set1_ps(kNegInf);
       for (int j = 0; j < n8; j += 8) mx = _mm256_max_ps(mx, _mm256_loadu_ps(row + j));
       float shift;
@@ -480,9 +517,19 @@ void run_item(const AttentionArgs& a, const WorkItem& it, float* lse_all, bool d
         lsum = _mm256_add_ps(lsum, p);
       }
       st[q].l += hsum(lsum);
+#else
+      float mx = kNegInf;
+      for (int j = 0; j < t.n; ++j) mx = std::max(mx, row[j]);
+      float shift;
+      alpha[q] = softmax_rescale(st[q], mx, &shift);
+      float lsum = 0.f;
+      for (int j = 0; j < t.n; ++j) lsum += (row[j] = std::exp(row[j] - shift));
+      st[q].l += lsum;
+#endif
     }
     // O_q <- alpha_q O_q + sum_j p_qj v_j
     int q = 0;
+#if KVLAB_ATTENTION_AVX2
     if (simd) {
       for (; q + 4 <= iq.n; q += 4) {
         float* o4[4];
@@ -494,11 +541,14 @@ void run_item(const AttentionArgs& a, const WorkItem& it, float* lse_all, bool d
         pv4_accumulate(o4, alpha + q, p4, t.v, t.n, D);
       }
     }
+#endif
     for (; q < iq.n; ++q) {
       const float* row = S + static_cast<size_t>(q) * kTile;
       float* o = sc.o.data() + static_cast<size_t>(q) * D;
       if (simd) {
+#if KVLAB_ATTENTION_AVX2
         pv_accumulate(o, alpha[q], row, t.v, t.n, D);
+#endif
       } else {
         for (int d = 0; d < D; ++d) {
           float acc = alpha[q] * o[d];
@@ -540,7 +590,11 @@ std::vector<WorkItem> make_items(const AttentionArgs& a) {
 
 }  // namespace
 
-void attention(const AttentionArgs& a, int n_threads) {
+#if KVLAB_ATTENTION_AVX2
+void attention_tiled_avx2(const AttentionArgs& a, int n_threads) {
+#else
+void attention_tiled_portable(const AttentionArgs& a, int n_threads) {
+#endif
   check_attention_args(a);
   if (a.n_rows == 0) return;
   n_threads = std::max(1, n_threads);
@@ -567,4 +621,25 @@ void attention(const AttentionArgs& a, int n_threads) {
                       item_mass[i].slot.size());
 }
 
+#if !KVLAB_ATTENTION_AVX2
+void attention(const AttentionArgs& a, int n_threads, CpuPath path) {
+  if (path == CpuPath::kAvx2) {
+    if (!cpu_has_avx2_fma_f16c()) throw std::invalid_argument("attention: this CPU has no AVX2+FMA");
+    attention_tiled_avx2(a, n_threads);
+  } else {
+    attention_tiled_portable(a, n_threads);
+  }
+}
+
+void attention(const AttentionArgs& a, int n_threads) { attention(a, n_threads, cpu_path()); }
+#endif
+
 }  // namespace kvlab
+
+#if KVLAB_ATTENTION_AVX2
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+#endif

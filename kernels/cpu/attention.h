@@ -14,7 +14,8 @@
 // attention_naive materialises each score row (the reference). attention() never does: it walks
 // the keys tile by tile with the online-softmax recurrence (kernels/common/online_softmax.h),
 // loading each key once for all query vectors that share it (the G heads of a group, and with a
-// full selection several rows), with AVX2+FMA dot products and exp. Its output does not depend on
+// full selection several rows), with AVX2+FMA dot products and exp (or, on the portable path
+// of a CPU without them, plain loops and std::exp). Its output does not depend on
 // the tile size beyond float rounding. key_mass reads no key twice: the raw scores of a work item
 // are kept in per-thread scratch and turned into exp(s_j - LSE) once the item's LSEs are known.
 // Threads (OpenMP, the engine's team) split work items (block of rows, KV head); with several
@@ -30,6 +31,7 @@
 
 #include "kernels/common/selection.h"
 #include "kernels/common/layer_kv.h"
+#include "kernels/cpu/cpu_path.h"
 #include "kernels/cpu/rope.h"
 
 namespace kvlab {
@@ -69,6 +71,9 @@ inline AttentionArgs attention_args(const float* q, int n_rows, int n_heads, int
 
 void attention_naive(const AttentionArgs& args);               // reference
 void attention(const AttentionArgs& args, int n_threads = 1);  // tiled online softmax
+// The same on a chosen instruction-set path (cpu_path.h); attention() above takes cpu_path().
+// kAvx2 on a CPU without AVX2+FMA+F16C: std::invalid_argument.
+void attention(const AttentionArgs& args, int n_threads, CpuPath path);
 
 // StreamingLLM's "positions inside the cache": out[s * n_kv_heads + g] = number of valid slots
 // of head g before slot s (its rank among the cached tokens); holes get -1. The query then takes

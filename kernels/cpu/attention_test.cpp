@@ -1,7 +1,9 @@
-// attention() (tiled online softmax, AVX2) equals attention_naive() (materialised score rows) over
-// awkward shapes: block sizes 1/3/7/16, head dims 32/64/80/128 (and 20, the scalar path), GQA
-// 1..8, lengths not a multiple of the block, holes, explicit selections with empty lists, key
-// mass, rope at read; fully masked rows give zeros and LSE -inf, never NaN.
+// attention() (tiled online softmax) equals attention_naive() (materialised score rows) within
+// the rounding bounds of tolerances() below, on each instruction-set path this CPU has (the
+// portable one always, AVX2+FMA where present: cpu_path.h), over awkward shapes: block sizes
+// 1/3/7/16, head dims 32/64/80/128 (and 20, the scalar loops), GQA 1..8, lengths not a multiple
+// of the block, holes, explicit selections with empty lists, key mass, rope at read; fully
+// masked rows give zeros and LSE -inf, never NaN.
 #include "kernels/cpu/attention.h"
 
 #include <gtest/gtest.h>
@@ -101,7 +103,14 @@ struct Outputs {
   std::vector<float> out, lse, mass;
 };
 
-Outputs run(const AttentionArgs& base, bool fast, int threads) {
+// The paths attention() can take on this CPU.
+std::vector<CpuPath> paths() {
+  std::vector<CpuPath> p = {CpuPath::kPortable};
+  if (cpu_has_avx2_fma_f16c()) p.push_back(CpuPath::kAvx2);
+  return p;
+}
+
+Outputs run(const AttentionArgs& base, bool fast, int threads, CpuPath path = cpu_path()) {
   Outputs o;
   o.out.assign(static_cast<size_t>(base.n_rows) * base.n_heads * base.head_dim, 123.f);
   o.lse.assign(static_cast<size_t>(base.n_rows) * base.n_heads, 123.f);
@@ -113,27 +122,92 @@ Outputs run(const AttentionArgs& base, bool fast, int threads) {
     a.key_mass = o.mass.data();
   }
   if (fast) {
-    attention(a, threads);
+    attention(a, threads, path);
   } else {
     attention_naive(a);
   }
   return o;
 }
 
-void expect_close(const Outputs& ref, const Outputs& got, const std::string& what) {
+// Per-element bounds on |attention() - attention_naive()|: the fp32 rounding of the tiled kernel
+// (any summation order, tile size or SIMD width) to first order in u = 2^-24, with
+// gamma(n) = n u / (1 - n u) bounding a sum of n terms (Higham, Accuracy and Stability of
+// Numerical Algorithms, 2nd ed., 3.1); the reference accumulates in double (negligible) and
+// rounds once to float (u).
+//  - score s_j = tau q . k_j: D products in any order, q pre-scaled by tau, k rotated at read (at
+//    most 4 roundings per feature), then the running max subtracted: by Cauchy-Schwarz
+//      |ds| <= ds_max = (gamma(D + 5) + 2u) tau |q|max |k|max      (largest norms in the case)
+//  - p_j = exp(s_j - m) / l: exp8 has relative error < 2e-7 < 4u, std::exp < 2u; l sums n <= n_slots
+//    terms, rescaled once per tile (< n tiles): |dp_j| <= p_j (2 ds_max + gamma(2n) + 6u)
+//  - out_d = sum_j p_j v_jd, n terms rescaled once per tile, then times 1/l:
+//      |d out_d| <= A_d (2 ds_max + 2 gamma(2n) + 8u),  A_d = sum_j p_j |v_jd|
+//    (A is the reference run on |v|; it is >= |out_d|, where cancellation can make out_d tiny)
+//  - LSE = m + log l: |d LSE| <= 2 ds_max + gamma(2n) + 6u + u |LSE|
+//  - key_mass_j = initial + sum over the Q = rows * G queries of p_j, formed as exp(s_j - LSE):
+//      |d mass_j| <= mass_j (3 ds_max + gamma(2n) + 10u + u max|LSE| + gamma(Q + 1))
+struct Tolerances {
+  std::vector<float> out, lse, mass;
+};
+
+double gamma_n(double n) {
+  constexpr double kU = 0x1p-24;
+  return n * kU / (1 - n * kU);
+}
+
+double norm2(const float* x, int n) {
+  double s = 0;
+  for (int i = 0; i < n; ++i) s += double(x[i]) * x[i];
+  return std::sqrt(s);
+}
+
+Tolerances tolerances(const AttentionArgs& a, const Outputs& ref) {
+  constexpr double kU = 0x1p-24;
+  const int D = a.head_dim, H = a.n_kv_heads, n = a.kv.n_slots;
+  double q_max = 0, k_max = 0;
+  for (size_t i = 0; i < static_cast<size_t>(a.n_rows) * a.n_heads; ++i) q_max = std::max(q_max, norm2(a.q + i * D, D));
+  for (int s = 0; s < n; ++s)
+    for (int g = 0; g < H; ++g) k_max = std::max(k_max, norm2(a.kv.key(s, g), D));
+  const double ds = (gamma_n(D + 5) + 2 * kU) * a.scale * q_max * k_max;
+  // A = the reference with every value replaced by its magnitude (pages up to the last one used).
+  int32_t pages = 0;
+  for (int32_t i = a.kv.view.indptr[0]; i < a.kv.view.indptr[1]; ++i) pages = std::max(pages, a.kv.view.indices[i] + 1);
+  std::vector<float> abs_v(a.kv.view.offset(pages, 0, 0, 0));
+  for (size_t i = 0; i < abs_v.size(); ++i) abs_v[i] = std::fabs(a.kv.view.v_data[i]);
+  AttentionArgs m = a;
+  m.kv.view.v_data = abs_v.data();
+  m.key_mass = nullptr;
+  const Outputs mag = run(m, false, 1);
+  Tolerances t;
+  const double f_out = 2 * ds + 2 * gamma_n(2.0 * n) + 8 * kU;
+  for (float x : mag.out) t.out.push_back(static_cast<float>(x * f_out));
+  double lse_max = 0;
+  for (float x : ref.lse) {
+    if (!std::isinf(x)) lse_max = std::max(lse_max, double(std::fabs(x)));
+    t.lse.push_back(static_cast<float>(2 * ds + gamma_n(2.0 * n) + 6 * kU + kU * std::fabs(x)));
+  }
+  const double f_mass = 3 * ds + gamma_n(2.0 * n) + 10 * kU + kU * lse_max + gamma_n(a.n_rows * (a.n_heads / H) + 1.0);
+  for (float x : ref.mass) t.mass.push_back(static_cast<float>(x * f_mass));
+  return t;
+}
+
+void expect_close(const Outputs& ref, const Outputs& got, const Tolerances& tol, const std::string& what) {
   for (size_t i = 0; i < ref.out.size(); ++i) {
     ASSERT_FALSE(std::isnan(got.out[i])) << what;
-    ASSERT_NEAR(ref.out[i], got.out[i], 2e-5f + 2e-5f * std::abs(ref.out[i])) << what << " out[" << i << "]";
+    ASSERT_NEAR(ref.out[i], got.out[i], tol.out[i]) << what << " out[" << i << "]";
   }
   for (size_t i = 0; i < ref.lse.size(); ++i) {
     if (std::isinf(ref.lse[i])) {
       ASSERT_TRUE(std::isinf(got.lse[i]) && got.lse[i] < 0) << what << " lse[" << i << "]";
     } else {
-      ASSERT_NEAR(ref.lse[i], got.lse[i], 2e-5f + 2e-6f * std::abs(ref.lse[i])) << what << " lse[" << i << "]";
+      ASSERT_NEAR(ref.lse[i], got.lse[i], tol.lse[i]) << what << " lse[" << i << "]";
     }
   }
   for (size_t i = 0; i < ref.mass.size(); ++i)
-    ASSERT_NEAR(ref.mass[i], got.mass[i], 2e-5f + 1e-5f * ref.mass[i]) << what << " mass[" << i << "]";
+    ASSERT_NEAR(ref.mass[i], got.mass[i], tol.mass[i]) << what << " mass[" << i << "]";
+}
+
+void expect_close(const AttentionArgs& a, const Outputs& ref, const Outputs& got, const std::string& what) {
+  expect_close(ref, got, tolerances(a, ref), what);
 }
 
 TEST(Attention, TiledEqualsNaiveSweep) {
@@ -174,21 +248,24 @@ TEST(Attention, TiledEqualsNaiveSweep) {
             a.key_rope_pos = rank.data();
           }
           const Outputs ref = run(a, false, 1);
-          Outputs first;
-          for (int threads : {1, 2}) {
-            const Outputs got = run(a, true, threads);
-            if (threads == 1) first = got;
-            // The thread count changes who computes an item, never how: bitwise equal.
-            if (threads == 2) {
-              ASSERT_EQ(first.out, got.out);
-              ASSERT_EQ(first.mass, got.mass);
+          const Tolerances tol = tolerances(a, ref);
+          for (CpuPath path : paths()) {
+            Outputs first;
+            for (int threads : {1, 2}) {
+              const Outputs got = run(a, true, threads, path);
+              if (threads == 1) first = got;
+              // The thread count changes who computes an item, never how: bitwise equal.
+              if (threads == 2) {
+                ASSERT_EQ(first.out, got.out);
+                ASSERT_EQ(first.mass, got.mass);
+              }
+              expect_close(ref, got, tol, "bs " + std::to_string(bs) + " D " + std::to_string(D) + " G " +
+                                              std::to_string(G) + " H " + std::to_string(H) + " n " +
+                                              std::to_string(n_slots) + " mode " + std::to_string(mode) +
+                                              " rope " + std::to_string(rope_at_read) +
+                                              " threads " + std::to_string(threads) + " path " + to_string(path));
+              if (HasFatalFailure()) return;
             }
-            expect_close(ref, got, "bs " + std::to_string(bs) + " D " + std::to_string(D) + " G " +
-                                       std::to_string(G) + " H " + std::to_string(H) + " n " +
-                                       std::to_string(n_slots) + " mode " + std::to_string(mode) +
-                                       " rope " + std::to_string(rope_at_read) +
-                                       " threads " + std::to_string(threads));
-            if (HasFatalFailure()) return;
           }
           ++cases;
         }
@@ -205,10 +282,12 @@ TEST(Attention, FullyMaskedRowsGiveZerosNotNaN) {
   std::vector<int64_t> qpos = {-5, -1};  // before every key
   AttentionArgs a = attention_args(q.data(), 2, 4, 2, 64, qpos.data(),
                                    cache.layer(), 0.125f);
-  for (bool fast : {false, true}) {
-    const Outputs o = run(a, fast, 2);
-    for (float x : o.out) ASSERT_EQ(x, 0.f);
-    for (float x : o.lse) ASSERT_TRUE(std::isinf(x) && x < 0);
+  for (CpuPath path : paths()) {
+    for (bool fast : {false, true}) {
+      const Outputs o = run(a, fast, 2, path);
+      for (float x : o.out) ASSERT_EQ(x, 0.f);
+      for (float x : o.lse) ASSERT_TRUE(std::isinf(x) && x < 0);
+    }
   }
 }
 
@@ -221,21 +300,27 @@ TEST(Attention, KeyMassSumsToRowsTimesGroup) {
   std::normal_distribution<float> nd(0.f, 2.f);
   for (auto& x : q) x = nd(rng);
   std::vector<int64_t> qpos(rows, cache.max_position());
-  std::vector<float> out(q.size()), mass(2 * 61, 0.f);
   AttentionArgs a = attention_args(q.data(), rows, 2 * G, 2, 32, qpos.data(),
                                    cache.layer(), 1.f / std::sqrt(32.f));
-  a.out = out.data();
-  a.key_mass = mass.data();
-  attention(a, 2);
-  for (int g = 0; g < 2; ++g) {
-    double total = 0;
-    for (int s = 0; s < 61; ++s) {
-      total += mass[g * 61 + s];
-      if (!cache.valid[s * 2 + g]) {
-        EXPECT_EQ(mass[g * 61 + s], 0.f);
+  float dummy = 0;
+  a.key_mass = &dummy;  // run() substitutes a real buffer (starting at 0.5 per slot)
+  const Outputs ref = run(a, false, 1);
+  const Tolerances tol = tolerances(a, ref);
+  for (CpuPath path : paths()) {
+    const Outputs got = run(a, true, 2, path);
+    for (int g = 0; g < 2; ++g) {
+      // The exact column sums add up to rows * G (+ 0.5 per slot from the initial buffer);
+      // the computed ones within the sum of their bounds.
+      double total = 0, bound = 0;
+      for (int s = 0; s < 61; ++s) {
+        total += got.mass[g * 61 + s] - 0.5;
+        bound += tol.mass[g * 61 + s];
+        if (!cache.valid[s * 2 + g]) {
+          EXPECT_EQ(got.mass[g * 61 + s], 0.5f);
+        }
       }
+      EXPECT_NEAR(total, rows * G, bound) << to_string(path);
     }
-    EXPECT_NEAR(total, rows * G, 1e-4);
   }
 }
 
@@ -256,19 +341,23 @@ TEST(Attention, KeyMassChangesNothingElseAndIsThreadIndependent) {
     AttentionArgs a = attention_args(q.data(), rows, 2 * G, 2, 64, qpos.data(),
                                      cache.layer(), 0.125f);
     a.selection = mode == 0 ? nullptr : &sel;
-    const Outputs plain = run(a, true, 1);
-    float dummy = 0;
-    a.key_mass = &dummy;  // run() substitutes a real buffer
-    const Outputs ref = run(a, false, 1);
-    const Outputs one = run(a, true, 1);
-    ASSERT_EQ(plain.out, one.out) << "mode " << mode;
-    ASSERT_EQ(plain.lse, one.lse) << "mode " << mode;
-    expect_close(ref, one, "mode " + std::to_string(mode));
-    for (int threads : {2, 3}) {
-      const Outputs got = run(a, true, threads);
-      ASSERT_EQ(one.out, got.out) << "mode " << mode << " threads " << threads;
-      ASSERT_EQ(one.lse, got.lse) << "mode " << mode << " threads " << threads;
-      ASSERT_EQ(one.mass, got.mass) << "mode " << mode << " threads " << threads;
+    for (CpuPath path : paths()) {
+      const std::string what = "mode " + std::to_string(mode) + " path " + to_string(path);
+      a.key_mass = nullptr;
+      const Outputs plain = run(a, true, 1, path);
+      float dummy = 0;
+      a.key_mass = &dummy;  // run() substitutes a real buffer
+      const Outputs ref = run(a, false, 1);
+      const Outputs one = run(a, true, 1, path);
+      ASSERT_EQ(plain.out, one.out) << what;
+      ASSERT_EQ(plain.lse, one.lse) << what;
+      expect_close(a, ref, one, what);
+      for (int threads : {2, 3}) {
+        const Outputs got = run(a, true, threads, path);
+        ASSERT_EQ(one.out, got.out) << what << " threads " << threads;
+        ASSERT_EQ(one.lse, got.lse) << what << " threads " << threads;
+        ASSERT_EQ(one.mass, got.mass) << what << " threads " << threads;
+      }
     }
   }
 }
@@ -305,8 +394,9 @@ TEST(Attention, RopeAtReadEqualsPreRotatedKeys) {
       a.kv = raw.layer();
       a.rope = &table;
       a.key_rope_pos = rank.data();
-      expect_close(ref, run(a, false, 1), "naive rope at read");
-      expect_close(ref, run(a, true, 2), "fast rope at read");
+      expect_close(a, ref, run(a, false, 1), "naive rope at read");
+      for (CpuPath path : paths())
+        expect_close(a, ref, run(a, true, 2, path), std::string("fast rope at read, path ") + to_string(path));
     }
   }
 }
@@ -323,7 +413,7 @@ TEST(Attention, RejectsOutOfRangeSelection) {
   AttentionArgs a = attention_args(q.data(), 1, 1, 1, 32, qpos.data(), cache.layer(), 1.f);
   a.selection = &sel;
   a.out = out.data();
-  EXPECT_THROW(attention(a, 1), std::invalid_argument);
+  for (CpuPath path : paths()) EXPECT_THROW(attention(a, 1, path), std::invalid_argument);
   EXPECT_THROW(attention_naive(a), std::invalid_argument);
 }
 

@@ -10,6 +10,7 @@
 
 #include "kernels/common/error.h"
 #include "kernels/cpu/thread_pool.h"
+#include "kernels/cpu/cpu_path.h"
 
 extern "C" void openblas_set_num_threads(int num_threads);
 
@@ -58,6 +59,15 @@ void linear_reference(const WeightView& w, const float* x, int64_t n, float* y, 
 }
 
 // ---- fast kernels --------------------------------------------------------------------------
+// The matvec kernels below are compiled for AVX2+FMA+F16C by target attributes (the pragmas), so
+// a KVLAB_NATIVE=OFF build stays baseline x86-64 elsewhere; matvec_rows runs them only where
+// cpu_path() is kAvx2, else the portable loop after them.
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+#endif
 
 namespace {
 
@@ -168,15 +178,8 @@ inline void dot_rows_any(DType type, const uint8_t* const* rows, const float* x,
   }
 }
 
-void check_matrix(const WeightView& w) {
-  if (w.dtype == DType::kQ8_0 && w.cols % kQ8BlockSize != 0)
-    fail("q8_0 weight with ", w.cols, " columns: q8_0 needs a multiple of 32");
-}
-
-}  // namespace
-
-void matvec_rows(const WeightView& w, const float* x, int64_t n, float* y, int64_t row_begin,
-                 int64_t row_end) {
+void matvec_rows_avx2(const WeightView& w, const float* x, int64_t n, float* y, int64_t row_begin,
+                      int64_t row_end) {
   constexpr int kR = 4;
   int64_t r = row_begin;
   for (; r + kR <= row_end; r += kR) {
@@ -191,6 +194,66 @@ void matvec_rows(const WeightView& w, const float* x, int64_t n, float* y, int64
     const uint8_t* rows[1] = {w.row(r)};
     for (int64_t t = 0; t < n; ++t) dot_rows_any<1>(w.dtype, rows, x + t * w.cols, w.cols, y + t * w.rows + r);
   }
+}
+
+}  // namespace
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+
+namespace {
+
+// Portable matvec: one row at a time, fp32 accumulation; q8_0 as above (per block
+// p = sum_j q_j x_j, then acc += d * p).
+// (Nothing from the target region above is called here: those functions carry the AVX2 target.)
+float dot_row_portable(DType type, const uint8_t* row, const float* x, int64_t cols) {
+  const auto* f32 = reinterpret_cast<const float*>(row);
+  const auto* u16 = reinterpret_cast<const uint16_t*>(row);
+  float s = 0.f;
+  switch (type) {
+    case DType::kF32: for (int64_t c = 0; c < cols; ++c) s += f32[c] * x[c]; break;
+    case DType::kF16: for (int64_t c = 0; c < cols; ++c) s += fp16_to_fp32(u16[c]) * x[c]; break;
+    case DType::kBF16: for (int64_t c = 0; c < cols; ++c) s += bf16_to_fp32(u16[c]) * x[c]; break;
+    case DType::kQ8_0:
+      for (int64_t blk = 0; blk < cols / kQ8BlockSize; ++blk) {
+        const uint8_t* p = row + blk * kQ8BlockBytes;
+        uint16_t dh;
+        std::memcpy(&dh, p, 2);
+        float dot = 0.f;
+        for (int j = 0; j < kQ8BlockSize; ++j)
+          dot += static_cast<float>(static_cast<int8_t>(p[2 + j])) * x[blk * kQ8BlockSize + j];
+        s += fp16_to_fp32(dh) * dot;
+      }
+      break;
+  }
+  return s;
+}
+
+void check_matrix(const WeightView& w) {
+  if (w.dtype == DType::kQ8_0 && w.cols % kQ8BlockSize != 0)
+    fail("q8_0 weight with ", w.cols, " columns: q8_0 needs a multiple of 32");
+}
+
+}  // namespace
+
+void matvec_rows(const WeightView& w, const float* x, int64_t n, float* y, int64_t row_begin,
+                 int64_t row_end, CpuPath path) {
+  if (path == CpuPath::kAvx2) {
+    if (!cpu_has_avx2_fma_f16c()) fail("matvec_rows: this CPU has no AVX2+FMA+F16C");
+    matvec_rows_avx2(w, x, n, y, row_begin, row_end);
+    return;
+  }
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t r = row_begin; r < row_end; ++r)
+      y[t * w.rows + r] = dot_row_portable(w.dtype, w.row(r), x + t * w.cols, w.cols);
+}
+
+void matvec_rows(const WeightView& w, const float* x, int64_t n, float* y, int64_t row_begin,
+                 int64_t row_end) {
+  matvec_rows(w, x, n, y, row_begin, row_end, cpu_path());
 }
 
 namespace {

@@ -6,7 +6,8 @@
 //   y[t, r] = sum_c W[r, c] * x[t, c]                       (W[d,n] @ x[n] -> y[d], per token)
 //
 // Two paths, validated against plain loops (linear_test.cpp):
-// - matvec (decode, small n): AVX2+FMA+F16C, 4 rows at a time sharing each x load, weights
+// - matvec (decode, small n): AVX2+FMA+F16C (chosen at run time, kernels/cpu/cpu_path.h; else
+//   a portable loop), 4 rows at a time sharing each x load, weights
 //   converted to fp32 in registers (fp16: vcvtph2ps; bf16: shift into the high half; q8_0:
 //   int8 -> fp32 times the block scale). Memory-bound, so it streams each weight byte once per
 //   call and needs many independent accumulators to keep up with DRAM.
@@ -27,6 +28,7 @@
 #include <vector>
 
 #include "kernels/cpu/dtype.h"
+#include "kernels/cpu/cpu_path.h"
 
 namespace kvlab {
 
@@ -44,9 +46,13 @@ void dequantize_rows(const WeightView& w, int64_t row_begin, int64_t row_end, fl
 void linear_reference(const WeightView& w, const float* x, int64_t n, float* y, int64_t row_begin,
                       int64_t row_end);
 
-// The fast per-token kernel over a row range (one thread's share).
+// The fast per-token kernel over a row range (one thread's share), on cpu_path().
 void matvec_rows(const WeightView& w, const float* x, int64_t n, float* y, int64_t row_begin,
                  int64_t row_end);
+// The same on a chosen path: kAvx2 (the SIMD kernel; an error on a CPU without AVX2+FMA+F16C)
+// or kPortable (one row at a time, fp32 accumulation in column order).
+void matvec_rows(const WeightView& w, const float* x, int64_t n, float* y, int64_t row_begin,
+                 int64_t row_end, CpuPath path);
 
 // One output of a fused multi-matrix call: y[n, w.rows] (+ bias[w.rows] when non-null).
 struct LinearJob {

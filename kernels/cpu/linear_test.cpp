@@ -1,11 +1,12 @@
-// The fast matvec and the sgemm path against plain loops, for every weight type, over awkward
-// shapes (rows not a multiple of 4, cols not a multiple of 8 or 16), and fused multi-job calls.
+// The fast matvec (on each instruction-set path this CPU has) and the sgemm path against plain
+// loops, for every weight type, over awkward shapes (rows not a multiple of 4, cols not a
+// multiple of 8 or 16), and fused multi-job calls.
 #include "kernels/cpu/linear.h"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <array>
-
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -82,9 +83,16 @@ TEST_P(LinearTypes, MatvecMatchesReferenceOnAwkwardShapes) {
       auto x = random_vec(n * cols, rng);
       std::vector<float> want(n * rows), got(n * rows, NAN);
       linear_reference(w.m, x.data(), n, want.data(), 0, rows);
-      matvec_rows(w.m, x.data(), n, got.data(), 0, rows);
-      SCOPED_TRACE(testing::Message() << "rows " << rows << " cols " << cols << " n " << n);
-      expect_close(got, want, cols);
+      // Every path this CPU can run (cpu_path.h): the portable loop always, AVX2 where present.
+      std::vector<CpuPath> paths = {CpuPath::kPortable};
+      if (cpu_has_avx2_fma_f16c()) paths.push_back(CpuPath::kAvx2);
+      for (CpuPath path : paths) {
+        std::fill(got.begin(), got.end(), NAN);
+        matvec_rows(w.m, x.data(), n, got.data(), 0, rows, path);
+        SCOPED_TRACE(testing::Message() << "rows " << rows << " cols " << cols << " n " << n << " path "
+                                        << to_string(path));
+        expect_close(got, want, cols);
+      }
     }
   }
 }

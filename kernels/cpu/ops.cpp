@@ -5,9 +5,16 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/cpu/cpu_path.h"
+
 namespace kvlab {
 
-void rms_norm(const float* x, const float* weight, int dim, float eps, float* y) {
+namespace {
+
+// Sum of squares of x[0 .. dim - dim % 8) in 8 fp32 lanes (lane l takes x[8k + l], fused
+// multiply-add), added in double; the tail in double. Both versions give the same bits: the
+// AVX2 one (target attribute, run where cpu_path() is kAvx2) and the portable one (std::fma).
+__attribute__((target("avx2,fma"))) double sum_squares_avx2(const float* x, int dim) {
   __m256 acc = _mm256_setzero_ps();
   int i = 0;
   for (; i + 8 <= dim; i += 8) {
@@ -19,6 +26,24 @@ void rms_norm(const float* x, const float* weight, int dim, float eps, float* y)
   double ss = 0;
   for (float l : lanes) ss += l;
   for (; i < dim; ++i) ss += static_cast<double>(x[i]) * x[i];
+  return ss;
+}
+
+double sum_squares_portable(const float* x, int dim) {
+  float lanes[8] = {};
+  int i = 0;
+  for (; i + 8 <= dim; i += 8)
+    for (int l = 0; l < 8; ++l) lanes[l] = std::fma(x[i + l], x[i + l], lanes[l]);
+  double ss = 0;
+  for (float l : lanes) ss += l;
+  for (; i < dim; ++i) ss += static_cast<double>(x[i]) * x[i];
+  return ss;
+}
+
+}  // namespace
+
+void rms_norm(const float* x, const float* weight, int dim, float eps, float* y) {
+  const double ss = cpu_path() == CpuPath::kAvx2 ? sum_squares_avx2(x, dim) : sum_squares_portable(x, dim);
   const float inv = 1.f / std::sqrt(static_cast<float>(ss / dim) + eps);
   for (int j = 0; j < dim; ++j) y[j] = x[j] * inv * weight[j];
 }

@@ -1,0 +1,53 @@
+// Test support: a bound on the rounding error of the engine's fp32 logits, derived from the
+// model's shapes and weights (not from any machine's output), for golden and conformance tests
+// that compare logits with a reference or with another differently rounded pass.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <vector>
+
+#include "framework/model/model.h"
+
+namespace kvlab {
+
+// Bound on |fp32 engine logit - exact logit| for one forward pass over n_tokens.
+//
+// Each logit is a D-term dot product of an lm_head row w_v with the final hidden state
+// h = g * xn, xn = x / rms(x) (g the final norm weight), so by Cauchy-Schwarz its terms obey
+//   sum_d |w_vd g_d xn_d| <= M = max_v |w_v * g|_2 * sqrt(D)       (|xn|_2 = sqrt(D))
+// and an error dxn gives |d logit_v| <= |w_v * g|_2 |dxn|_2 <= M * |dxn|_2 / |xn|_2.
+// Rounding: fp32, u = 2^-24. A sum of K products in any order (BLAS kernels, SIMD widths, tile
+// sizes: this is what differs between machines) has error <= lambda sqrt(K) u sum|terms| with
+// probability >= 1 - 2 exp(-lambda^2 / 2) under the probabilistic model of Higham & Mary (SIAM
+// J. Sci. Comput. 41, 2019); lambda = 6 (failure probability ~1e-8 per sum, over <= 1e5 logits).
+// The relative errors of the stages one logit depends on add up (they are independent roundings;
+// RMSNorm removes the residual stream's scale, so a relative error passes through a layer and
+// the layer adds its own); the accumulation lengths along that path are, per layer,
+//   D (Q/K/V projections) + head_dim (scores) + n_tokens (softmax sum, P.V) + n_heads*head_dim
+//   (output projection) + D (gate/up) + hidden (down),  and D once more for the lm_head,
+// so |dxn|_2 / |xn|_2 <= 2 lambda u sqrt(N) (the 2: x / rms(x) carries the relative error of x
+// and that of rms(x)), N the sum of those lengths. Hence
+//   |d logit| <= 2 lambda u sqrt(N) M.
+// Two fp32 passes that round differently (decode vs prefill, permuted Q/K) differ by up to twice
+// this. The reference (numpy float64) rounds negligibly (2^-53).
+inline double logit_bound(const Model& m, size_t n_tokens) {
+  const ModelConfig& c = m.config;
+  double wg_norm = 0;  // max_v |w_v * g|_2
+  std::vector<float> row(c.dim);
+  for (int64_t v = 0; v < c.vocab_size; ++v) {
+    weight_row_to_float(m.lm_head, v, row.data());
+    double s = 0;
+    for (int d = 0; d < c.dim; ++d) s += std::pow(double(row[d]) * m.final_norm[d], 2);
+    wg_norm = std::max(wg_norm, std::sqrt(s));
+  }
+  const double M = wg_norm * std::sqrt(double(c.dim));
+  const double per_layer = 2.0 * c.dim + c.head_dim + double(n_tokens) +
+                           double(c.n_heads) * c.head_dim + c.hidden_dim;
+  const double N = c.n_layers * per_layer + c.dim;
+  constexpr double kU = 0x1p-24, kLambda = 6;
+  return 2 * kLambda * kU * std::sqrt(N) * M;
+}
+
+}  // namespace kvlab
