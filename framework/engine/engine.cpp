@@ -549,7 +549,12 @@ bool Engine::end_attention(Group& g, int layer, const float* out) {
     const int64_t n_seen = s.n_tokens + 1;
     const int64_t budget = s.policy ? s.policy->budget_tokens(layer, n_seen) : -1;
     s.step_achieved += achieved / nkv;
-    s.step_set += budget < 0 ? static_cast<double>(n_seen) : static_cast<double>(std::min(budget, n_seen));
+    // The set a query may read: the policy's explicit selection when it made one (landmark,
+    // strided: they keep every token but read few), else its residency budget, else every
+    // token seen.
+    s.step_set += !sel.all  ? achieved / nkv
+                  : budget < 0 ? static_cast<double>(n_seen)
+                               : static_cast<double>(std::min(budget, n_seen));
   }
   if (g.probing) probe_layer(g, layer, g.seq->q_probe.data(), sel, out);
 
