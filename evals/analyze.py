@@ -166,7 +166,7 @@ class Results:
 
     def title(self, task, budget, used):
         """Model, task and budget on the first line; cells used on the second."""
-        partial = "" if self.cells_complete == self.cells_total else " (partial file: %d of %d cells complete)" % (
+        partial = "" if self.cells_complete >= self.cells_total else " (partial file: %d of %d cells complete)" % (
             self.cells_complete, self.cells_total)
         return "%s  ·  %s  ·  budget: %s\n%s: %d cells%s" % (self.model, task, budget, self.name, used, partial)
 

@@ -173,10 +173,10 @@ int run_perplexity(const std::vector<std::string>& args) {
   const PerplexityResult r = evaluate_perplexity(lm, tokens, tok.bos_id(), po_);
   if (tty) std::fprintf(stderr, "\n");
   const std::string how =
-      protocol == PplProtocol::kChunked   ? str_cat(tokens.size() / static_cast<size_t>(n_ctx), " windows of ", n_ctx)
-      : protocol == PplProtocol::kSliding ? str_cat("sliding windows of ", window, ", stride ", stride)
-                                          : std::string("streaming");
-  std::printf("PPL = %.4f +/- %.4f  (%zu scored tokens, %s, text %s, %zu tokens%s, tokenizer %s)%s%s\n", r.ppl,
+      protocol == PplProtocol::kChunked   ? str_cat(" in ", tokens.size() / static_cast<size_t>(n_ctx), " windows of ", n_ctx)
+      : protocol == PplProtocol::kSliding ? str_cat(", sliding windows of ", window, ", stride ", stride)
+                                          : std::string(", streaming");
+  std::printf("PPL = %.4f +/- %.4f  (%zu scored tokens%s, text %s, %zu tokens%s, tokenizer %s)%s%s\n", r.ppl,
               r.ppl_stderr, r.nll.size(), how.c_str(), text_path.c_str(), tokens.size(),
               eo.add_bos ? " with BOS" : "", tok.kind().c_str(), r.stopped.empty() ? "" : "; stopped early: ",
               r.stopped.c_str());

@@ -388,12 +388,17 @@ void print_text(const ResultsFile& file, const AttrMap& root, const std::vector<
       if (c.kind == "niah" && std::isfinite(c.context_length)) lengths.insert(c.context_length);
     }
   const std::string total = text("cells_total");
-  const bool partial = total != "?" && std::to_string(done) != total;
+  const double total_n = attr_number(root, "cells_total");
+  const bool partial = std::isfinite(total_n) && done < total_n;
+  // A resume with a smaller experiment leaves the cells of runs it no longer lists.
+  const bool extra = std::isfinite(total_n) && done > total_n;
   out << "experiment " << text("name") << "  (" << file.path().string() << ")\n"
       << "model " << text("model_path") << "  kvlab " << text("kvlab_version") << " (" << text("git_commit")
       << ")  " << text("start_time") << " .. " << (root.count("end_time") ? text("end_time") : std::string("(not finished)"))
       << "\ncells complete: " << done << " / " << total
-      << (partial ? "  (partial file: every table below uses only the complete cells)" : "") << "\n\n";
+      << (partial ? "  (partial file: every table below uses only the complete cells)" : "")
+      << (extra ? "  (the file also holds cells of runs the last experiment written to it does not list)" : "")
+      << "\n\n";
 
   std::vector<std::string> head{"run", "policy", "setting"};
   if (niah) head.insert(head.end(), {"niah_acc", "niah_logp"});
