@@ -243,6 +243,20 @@ class LandmarkPolicy final : public AttentionPolicy {
 
 int64_t pow2_floor(int64_t x) { return x < 1 ? 1 : int64_t(std::bit_floor(uint64_t(x))); }
 
+// C, W, K with 0 = auto resolved for the model's training context L (see the header).
+struct ResolvedSizes {
+  int64_t chunk, window, top_k;
+};
+ResolvedSizes resolve_sizes(const ParamValues& p, const PolicyModelShape& shape) {
+  const int64_t L = shape.max_seq_len;
+  const bool small = L > 0 && L < 8192;
+  ResolvedSizes z{p.get_int("chunk_size"), p.get_int("window"), p.get_int("top_k")};
+  if (z.chunk == 0) z.chunk = small ? std::clamp<int64_t>(pow2_floor(L / 128), 8, 64) : 64;
+  if (z.window == 0) z.window = small ? std::clamp<int64_t>(L / 16, 2 * z.chunk, 512) : 512;
+  if (z.top_k == 0) z.top_k = small ? std::clamp<int64_t>(L / (4 * z.chunk), 2, 32) : 32;
+  return z;
+}
+
 }  // namespace
 
 std::unique_ptr<PolicyFactory> make_landmark_factory() {
@@ -267,16 +281,13 @@ std::unique_ptr<PolicyFactory> make_landmark_factory() {
   };
   return std::make_unique<SimplePolicyFactory>(
       "landmark", "HiLS-style chunk selection: sinks + local window + top-K chunks by landmark",
-      std::move(specs), [](const ParamValues& p, const PolicyModelShape& shape) {
+      std::move(specs),
+      [](const ParamValues& p, const PolicyModelShape& shape) {
+        const ResolvedSizes z = resolve_sizes(p, shape);
         LandmarkConfig c;
-        const int64_t L = shape.max_seq_len;
-        const bool small = L > 0 && L < 8192;
-        c.chunk = p.get_int("chunk_size");
-        if (c.chunk == 0) c.chunk = small ? std::clamp<int64_t>(pow2_floor(L / 128), 8, 64) : 64;
-        c.window = p.get_int("window");
-        if (c.window == 0) c.window = small ? std::clamp<int64_t>(L / 16, 2 * c.chunk, 512) : 512;
-        c.top_k = p.get_int("top_k");
-        if (c.top_k == 0) c.top_k = small ? std::clamp<int64_t>(L / (4 * c.chunk), 2, 32) : 32;
+        c.chunk = z.chunk;
+        c.window = z.window;
+        c.top_k = z.top_k;
         c.sinks = p.get_int("sinks");
         const std::string& lm = p.get_string("landmark");
         c.landmark = lm == "mean" ? Landmark::kMean : lm == "bounds" ? Landmark::kBounds : Landmark::kPooled;
@@ -288,7 +299,15 @@ std::unique_ptr<PolicyFactory> make_landmark_factory() {
         if (c.window < 1) fail("landmark: window must be >= 1");
         return std::make_unique<LandmarkPolicy>(c);
       },
-      std::map<std::string, ParamValue>{{"top_k", int64_t(1) << 40}, {"prefill", std::string("select")}});
+      std::map<std::string, ParamValue>{{"top_k", int64_t(1) << 40}, {"prefill", std::string("select")}},
+      [](const ParamValues& p, const PolicyModelShape& shape) {
+        const ResolvedSizes z = resolve_sizes(p, shape);
+        std::map<std::string, ParamValue> out = p.all();
+        out["chunk_size"] = z.chunk;
+        out["window"] = z.window;
+        out["top_k"] = z.top_k;
+        return out;
+      });
 }
 
 }  // namespace kvlab

@@ -32,9 +32,9 @@ int run_generate(const std::vector<std::string>& args) {
   desc.add_options()
       ("prompt,p", po::value<std::string>()->required(), "the text to continue")
       ("max-new-tokens,n", po::value<int>()->default_value(128), "tokens to generate at most")
-      ("temperature", po::value<float>()->default_value(0.8f), "sampling temperature; 0 = greedy")
+      ("temperature", po::value<float>()->default_value(0.8f, "0.8"), "sampling temperature; 0 = greedy")
       ("top-k", po::value<int>()->default_value(40), "keep the k most likely tokens; 0 = all")
-      ("top-p", po::value<float>()->default_value(0.95f), "nucleus mass; 1 = all")
+      ("top-p", po::value<float>()->default_value(0.95f, "0.95"), "nucleus mass; 1 = all")
       ("seed", po::value<uint64_t>()->default_value(42), "sampling seed");
   add_model_options(desc);
   add_policy_options(desc);

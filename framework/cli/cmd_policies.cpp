@@ -60,6 +60,10 @@ int run_policies(const std::vector<std::string>& args) {
       if (auto unlimited = registry.at(n).unlimited_params())
         registry.create(n, *unlimited, shape, n + ".unlimited");
     }
+    std::printf("instantiated %zu %s with defaults and unlimited parameters (shape: %d layers, %d heads, "
+                "%d KV heads, head_dim %d, context %d): ok\n\n",
+                names.size(), names.size() == 1 ? "policy" : "policies", shape.n_layers, shape.n_heads,
+                shape.n_kv_heads, shape.head_dim, shape.max_seq_len);
   }
   for (size_t i = 0; i < names.size(); ++i) {
     if (vm["names-only"].as<bool>()) {

@@ -15,7 +15,8 @@ int run_run(const std::vector<std::string>& args) {
   desc.add_options()
       ("experiment", po::value(&experiment)->required(), "the experiment YAML file")
       ("output,o", po::value(&output), "results file (default: the YAML's output:)")
-      ("resume", "continue an existing results file: run only the cells it lacks")
+      ("resume", "continue an existing results file: run only the cells it lacks (cells are matched by identity: "
+                 "a comment or an added policy, length or depth resumes; a changed setting is an error)")
       ("overwrite", "replace an existing results file")
       ("threads", po::value(&threads), "CPU threads (default: model.threads of the YAML; 0 = all cores)")
       ("device", po::value(&device), "cpu | cuda (the GPU: dense layers and attention; policies stay on the CPU) | "
@@ -26,7 +27,7 @@ int run_run(const std::vector<std::string>& args) {
   po::positional_options_description pos;
   pos.add("experiment", 1);
   po::variables_map vm;
-  if (!parse_options(args, "kvlab run EXP.yaml [-o OUT.h5] [--resume] [--threads N] [--device cpu|cuda [--device-dtype bf16|f32]] "
+  if (!parse_options(args, "kvlab run EXP.yaml [-o OUT.h5] [--resume | --overwrite] [--threads N] [--device cpu|cuda [--device-dtype bf16|f32]] "
                            "[--dry-run] [--shard I/N]",
                      desc, pos, vm))
     return 0;

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "framework/cli/commands.h"
+#include "framework/core/strings.h"
 #include "kvlab/version.h"
 
 namespace kvlab::cli {
@@ -40,7 +41,7 @@ constexpr Command kCommands[] = {
     {"models", "the registered models (scripts/setup_models.sh): names for --model and model.path", &kvlab::cli::run_models},
     {"model-info", "architecture, shapes, dtypes, parameters and KV bytes/token of a model file", &kvlab::cli::run_model_info},
     {"generate", "stream a continuation of a prompt (sampling, --policy)", &kvlab::cli::run_generate},
-    {"perplexity", "perplexity of a text file by the llama.cpp protocol (windows of --ctx)", &kvlab::cli::run_perplexity},
+    {"perplexity", "perplexity of a text file (--protocol chunked: llama.cpp windows; streaming; sliding)", &kvlab::cli::run_perplexity},
 };
 
 void print_usage(std::FILE* out) {
@@ -80,6 +81,13 @@ int main(int argc, char** argv) {
       return 1;
     }
   }
-  std::fprintf(stderr, "kvlab: unknown command '%s' (see kvlab --help)\n", name.c_str());
+  std::vector<std::string> names;
+  for (const Command& c : kCommands) names.emplace_back(c.name);
+  const std::string near = kvlab::nearest_name(name, names);
+  if (!near.empty())
+    std::fprintf(stderr, "kvlab: unknown command '%s' (did you mean '%s'?; see kvlab --help)\n", name.c_str(),
+                 near.c_str());
+  else
+    std::fprintf(stderr, "kvlab: unknown command '%s' (see kvlab --help)\n", name.c_str());
   return 2;
 }

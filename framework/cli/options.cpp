@@ -3,6 +3,7 @@
 #include <iostream>
 
 #include "framework/core/error.h"
+#include "framework/core/strings.h"
 
 namespace kvlab::cli {
 
@@ -18,6 +19,24 @@ bool parse_options(const std::vector<std::string>& args, const std::string& usag
       return false;
     }
     po::notify(vm);
+  } catch (const po::unknown_option& e) {
+    // "--threds" -> "did you mean '--threads'?" (the nearest long option of this command).
+    std::string given = e.get_option_name();
+    const std::string bare = given.substr(given.find_first_not_of('-'));
+    std::vector<std::string> names;
+    for (const auto& o : desc.options()) names.push_back(o->long_name());
+    const std::string near = nearest_name(bare, names);
+    fail("unknown option '", given, "'", near.empty() ? "" : " (did you mean '--" + near + "'?)", " (see ",
+         args[0], " --help)");
+  } catch (const po::required_option& e) {
+    // A required positional argument reads as "the option '--experiment' is required": name it
+    // as the usage line does.
+    const std::string name = e.get_option_name();
+    const std::string bare = name.substr(name.find_first_not_of('-'));
+    for (unsigned i = 0; i < pos.max_total_count() && i < 8; ++i)
+      if (pos.name_for_position(i) == bare)
+        fail("missing ", bare, " argument; usage: ", usage_line, " (see ", args[0], " --help)");
+    fail(e.what(), " (see ", args[0], " --help)");
   } catch (const po::error& e) {
     fail(e.what(), " (see ", args[0], " --help)");
   }

@@ -91,9 +91,10 @@ struct EngineOptions {
 };
 
 // Per-sequence counters. "Attended" counts, for one decode step, the keys one query head read,
-// averaged over layers and query heads; "set" is what the policy's budget allows
-// (budget_tokens(layer, n_seen), or every token seen when it has none), "achieved" what the
-// attention really read.
+// averaged over layers and query heads; "set" is what the policy allows: its explicit
+// selection when it made one (the keys it names that exist and are causal), else its budget
+// (budget_tokens(layer, n_seen)), else every token seen; "achieved" what the attention really
+// read.
 // One probed layer's probe sums (EngineOptions::probe): `samples` (step, query head) pairs of
 // that layer, and the sums of their recall and rel_error (defined under SequenceStats). Sums
 // rather than means so several sequences pool by adding.

@@ -33,7 +33,12 @@ void BudgetObserver::attended(Group& g, int layer, const LayerKv& kv, const floa
   const int64_t n_seen = s.n_tokens + 1;
   const int64_t budget = s.policy ? s.policy->budget_tokens(layer, n_seen) : -1;
   s.attended.step_achieved += achieved / nkv;
-  s.attended.step_set += budget < 0 ? static_cast<double>(n_seen) : static_cast<double>(std::min(budget, n_seen));
+  // The set a query may read: the policy's explicit selection when it made one (landmark,
+  // strided: they keep every token but read few), else its residency budget, else every
+  // token seen.
+  s.attended.step_set += !sel.all    ? achieved / nkv
+                         : budget < 0 ? static_cast<double>(n_seen)
+                                      : static_cast<double>(std::min(budget, n_seen));
 }
 
 void BudgetObserver::end_step(Sequence& s, int n_layers) {

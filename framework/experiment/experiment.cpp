@@ -402,9 +402,13 @@ void check_files_exist(const ExperimentSpec& spec) {
   auto check = [&](const fs::path& p, const std::string& key) {
     if (fs::exists(p)) return;
     if (p.is_absolute()) fail(spec.file.string(), ": ", key, ": file not found: ", p.string());
-    fail(spec.file.string(), ": ", key, ": file not found: ", p.string(), " (tried ",
-         fs::absolute(p).lexically_normal().string(), " and ",
-         fs::absolute(spec.file.parent_path() / p).lexically_normal().string(), ")");
+    // Relative: looked up in the current directory, then beside the YAML (one place when
+    // they are the same directory).
+    const fs::path here = fs::absolute(p).lexically_normal();
+    const fs::path beside = fs::absolute(spec.file.parent_path() / p).lexically_normal();
+    if (here == beside) fail(spec.file.string(), ": ", key, ": file not found: ", p.string(), " (", here.string(), ")");
+    fail(spec.file.string(), ": ", key, ": file not found: ", p.string(), " (tried ", here.string(),
+         " and, beside the experiment file, ", beside.string(), ")");
   };
   if (!fs::exists(spec.model.path) && looks_like_model_name(spec.model.path.string()))
     resolve_model_path(spec.model.path.string(), spec.file.string() + ": model.path");  // names the registry

@@ -4,6 +4,9 @@
 #include <cstdio>
 #include <limits>
 #include <set>
+#include <sstream>
+#include <algorithm>
+#include <cstdlib>
 
 #include "framework/core/error.h"
 #include "framework/experiment/cells.h"
@@ -154,52 +157,433 @@ void write_summaries(ResultsFile& file, const ExperimentSpec& spec) {
   }
 }
 
-void print_report(const ResultsFile& file, std::ostream& out) {
-  const AttrMap root = file.root_attrs();
-  auto text = [&](const char* k) { auto it = root.find(k); return it == root.end() ? std::string("?") : attr_text(it->second); };
-  out << "experiment " << text("name") << "  (" << file.path().string() << ")\n"
-      << "model " << text("model_path") << "  kvlab " << text("kvlab_version") << " ("
-      << text("git_commit") << ")  " << text("start_time") << " .. " << text("end_time") << "\n\n";
-  char line[512];
-  std::snprintf(line, sizeof line, "%-32s %9s %10s %12s %9s %12s %8s %9s %7s\n", "run", "niah_acc",
-                "niah_logp", "ppl", "ppl_se", "kv_peak_MiB", "recall", "tok/s", "cells");
-  out << line;
-  int cells_done = 0;
-  for (const std::string& run : file.runs()) {
-    const auto cells = file.complete_cells(run);
-    cells_done += int(cells.size());
-    const auto niah = file.read_summary(run, "niah");
-    const auto ppl = file.read_summary(run, "perplexity");
-    std::vector<double> acc, logp, kv, recall, tps, pp, se;
-    if (niah.count("accuracy")) {
-      acc = std::get<std::vector<double>>(niah.at("accuracy").data);
-      logp = std::get<std::vector<double>>(niah.at("value_logprob").data);
-      kv = std::get<std::vector<double>>(niah.at("kv_bytes_peak").data);
-      recall = std::get<std::vector<double>>(niah.at("recall_mean").data);
-      tps = std::get<std::vector<double>>(niah.at("tokens_per_s").data);
+bool natural_less(const std::string& a, const std::string& b) {
+  size_t i = 0, j = 0;
+  auto digit = [](char c) { return c >= '0' && c <= '9'; };
+  while (i < a.size() && j < b.size()) {
+    if (digit(a[i]) && digit(b[j])) {
+      size_t ie = i, je = j;
+      while (ie < a.size() && digit(a[ie])) ++ie;
+      while (je < b.size() && digit(b[je])) ++je;
+      // Compare as numbers: strip leading zeros, then length, then digits.
+      size_t ia = i, jb = j;
+      while (ia + 1 < ie && a[ia] == '0') ++ia;
+      while (jb + 1 < je && b[jb] == '0') ++jb;
+      if (ie - ia != je - jb) return ie - ia < je - jb;
+      const int c = a.compare(ia, ie - ia, b, jb, je - jb);
+      if (c != 0) return c < 0;
+      i = ie, j = je;
+    } else {
+      if (a[i] != b[j]) return a[i] < b[j];
+      ++i, ++j;
     }
-    if (ppl.count("ppl")) {
-      pp = std::get<std::vector<double>>(ppl.at("ppl").data);
-      se = std::get<std::vector<double>>(ppl.at("ppl_stderr").data);
-      const auto& k = std::get<std::vector<double>>(ppl.at("kv_bytes_peak").data);
-      kv.insert(kv.end(), k.begin(), k.end());
-      const auto& r = std::get<std::vector<double>>(ppl.at("recall_mean").data);
-      recall.insert(recall.end(), r.begin(), r.end());
-      if (ppl.count("tokens_per_s")) {
-        const auto& t = std::get<std::vector<double>>(ppl.at("tokens_per_s").data);
-        tps.insert(tps.end(), t.begin(), t.end());
-      }
-    }
-    double kv_max = kNaN;
-    for (double k : kv)
-      if (std::isfinite(k)) kv_max = std::isfinite(kv_max) ? std::max(kv_max, k) : k;
-    std::snprintf(line, sizeof line, "%-32s %9.3f %10.2f %12.3f %9.3f %12.2f %8.4f %9.0f %7zu\n",
-                  run.c_str(), mean_of(acc), mean_of(logp), mean_of(pp), mean_of(se),
-                  kv_max / 1048576.0, mean_of(recall), mean_of(tps), cells.size());
-    out << line;
   }
-  out << "\ncells complete: " << cells_done << " / " << text("cells_total")
-      << "  (nan = not measured: eval absent, cells missing or probes off)\n";
+  return a.size() - i < b.size() - j;
+}
+
+namespace {
+
+// One complete cell as the report sees it (NaN where the cell does not say).
+struct CellRow {
+  std::string run, cell, kind, protocol;
+  double context_length = kNaN, depth = kNaN, trials = kNaN, accuracy = kNaN, logprob = kNaN;
+  double ppl = kNaN, ppl_se = kNaN, n_scored = kNaN;
+  double keys_read = kNaN, keys_seen = kNaN, read_bytes = kNaN, kept_bytes = kNaN, kv_peak = kNaN;
+  double recall = kNaN, tps = kNaN;
+  double read_fraction() const { return keys_read / keys_seen; }
+};
+
+struct RunRow {
+  std::string name, type, params, effective;
+  std::vector<CellRow> cells;
+};
+
+struct Mean {
+  double sum = 0;
+  int n = 0;
+  void add(double x) {
+    if (std::isfinite(x)) sum += x, ++n;
+  }
+  double get() const { return n ? sum / n : kNaN; }
+};
+
+std::string text_attr(const AttrMap& a, const std::string& k) {
+  auto it = a.find(k);
+  return it == a.end() ? std::string() : attr_text(it->second);
+}
+
+// n_layers * n_kv_heads from the model_config JSON root attribute (0 when absent).
+int64_t layer_heads_of(const AttrMap& root) {
+  const std::string json = text_attr(root, "model_config");
+  auto field = [&](const std::string& key) -> int64_t {
+    const size_t at = json.find("\"" + key + "\":");
+    return at == std::string::npos ? 0 : std::atoll(json.c_str() + at + key.size() + 3);
+  };
+  return field("n_layers") * field("n_kv_heads");
+}
+
+std::vector<RunRow> collect(const ResultsFile& file, const AttrMap& root) {
+  const int64_t layer_heads = layer_heads_of(root);
+  std::vector<RunRow> runs;
+  for (const auto& [run, cells] : file.all_cell_attrs()) {
+    const AttrMap ra = file.run_attrs(run);
+    RunRow r{run, text_attr(ra, "policy_type"), text_attr(ra, "params"), text_attr(ra, "effective_params"), {}};
+    for (const auto& [cell, a] : cells) {
+      CellRow c;
+      c.run = run;
+      c.cell = cell;
+      c.kind = text_attr(a, "kind");
+      c.protocol = text_attr(a, "protocol");
+      c.context_length = attr_number(a, "context_length");
+      c.depth = attr_number(a, "depth");
+      c.trials = attr_number(a, "trials");
+      c.accuracy = attr_number(a, "accuracy");
+      c.logprob = attr_number(a, "value_logprob_mean");
+      if (c.kind == "niah" && !a.count("value_logprob_mean")) {  // schema 1: from the dataset
+        std::vector<double> lp = values_of<double>(file.read_cell(run, cell), "value_logprob");
+        c.logprob = mean_of(lp);
+      }
+      c.ppl = attr_number(a, "ppl");
+      c.ppl_se = attr_number(a, "ppl_stderr");
+      c.n_scored = attr_number(a, "n_scored");
+      c.kv_peak = attr_number(a, "kv_bytes_peak");
+      // Schema 1 cells: keys read = attended_achieved_mean; no keys seen.
+      c.keys_read = a.count("keys_read_mean") ? attr_number(a, "keys_read_mean")
+                    : attr_number(a, "decode_tokens", 0) > 0 ? attr_number(a, "attended_achieved_mean")
+                                                             : kNaN;
+      c.keys_seen = attr_number(a, "keys_seen_mean");
+      c.read_bytes = attr_number(a, "kv_read_bytes_per_layer_head");
+      c.kept_bytes = a.count("kv_kept_bytes_peak_per_layer_head")
+                         ? attr_number(a, "kv_kept_bytes_peak_per_layer_head")
+                         : layer_heads > 0 ? c.kv_peak / double(layer_heads) : kNaN;
+      c.recall = attr_number(a, "recall_mean");
+      c.tps = attr_number(a, "tokens_per_s");
+      if (r.type.empty()) r.type = text_attr(a, "policy_type");
+      r.cells.push_back(std::move(c));
+    }
+    std::sort(r.cells.begin(), r.cells.end(),
+              [](const CellRow& a, const CellRow& b) { return natural_less(a.cell, b.cell); });
+    runs.push_back(std::move(r));
+  }
+  std::sort(runs.begin(), runs.end(), [](const RunRow& a, const RunRow& b) { return natural_less(a.name, b.name); });
+  return runs;
+}
+
+// Aggregates of one run over its cells of one kind ("" = all kinds).
+struct Agg {
+  Mean acc, logp, ppl, se, read, seen, frac, read_bytes, kept, recall, tps;
+  double kv_peak_max = kNaN;
+  int cells = 0, trials = 0;
+};
+Agg aggregate(const RunRow& r, const std::string& kind = "", double length = kNaN) {
+  Agg g;
+  for (const CellRow& c : r.cells) {
+    if (!kind.empty() && c.kind != kind) continue;
+    if (std::isfinite(length) && c.context_length != length) continue;
+    ++g.cells;
+    if (std::isfinite(c.trials)) g.trials += int(c.trials);
+    g.acc.add(c.accuracy);
+    g.logp.add(c.logprob);
+    g.ppl.add(c.ppl);
+    g.se.add(c.ppl_se);
+    g.read.add(c.keys_read);
+    g.seen.add(c.keys_seen);
+    g.frac.add(c.read_fraction());
+    g.read_bytes.add(c.read_bytes);
+    g.kept.add(c.kept_bytes);
+    g.recall.add(c.recall);
+    g.tps.add(c.tps);
+    if (std::isfinite(c.kv_peak)) g.kv_peak_max = std::isfinite(g.kv_peak_max) ? std::max(g.kv_peak_max, c.kv_peak) : c.kv_peak;
+  }
+  return g;
+}
+
+std::string fmt(double v, const char* f) {
+  if (!std::isfinite(v)) return "-";
+  char b[64];
+  std::snprintf(b, sizeof b, f, v);
+  return b;
+}
+
+// A column-aligned table: the first `left` columns (names) left-aligned, the numbers right-aligned.
+void print_table(std::ostream& out, const std::vector<std::vector<std::string>>& rows, size_t left = 1) {
+  if (rows.empty()) return;
+  std::vector<size_t> w(rows[0].size(), 0);
+  for (const auto& r : rows)
+    for (size_t i = 0; i < r.size(); ++i) w[i] = std::max(w[i], r[i].size());
+  for (const auto& r : rows) {
+    std::string line;
+    for (size_t i = 0; i < r.size(); ++i) {
+      const std::string pad(w[i] - r[i].size(), ' ');
+      line += (i ? "  " : "") + (i < left ? r[i] + pad : pad + r[i]);
+    }
+    while (!line.empty() && line.back() == ' ') line.pop_back();
+    out << line << "\n";
+  }
+}
+
+std::string json_string(const std::string& s) {
+  std::string out = "\"";
+  for (char ch : s) {
+    const unsigned char c = static_cast<unsigned char>(ch);
+    if (c == '"') out += "\\\"";
+    else if (c == '\\') out += "\\\\";
+    else if (c == '\n') out += "\\n";
+    else if (c < 0x20) {
+      char b[8];
+      std::snprintf(b, sizeof b, "\\u%04x", c);
+      out += b;
+    } else out += ch;
+  }
+  return out + "\"";
+}
+std::string json_number(double v) {
+  if (!std::isfinite(v)) return "null";
+  char b[64];
+  std::snprintf(b, sizeof b, "%.17g", v);
+  return b;
+}
+std::string csv_field(const std::string& s) {
+  if (s.find_first_of(",\"\n") == std::string::npos) return s;
+  std::string out = "\"";
+  for (char c : s) out += c == '"' ? std::string("\"\"") : std::string(1, c);
+  return out + "\"";
+}
+std::string csv_number(double v) {
+  if (!std::isfinite(v)) return "";
+  char b[64];
+  std::snprintf(b, sizeof b, "%.10g", v);
+  return b;
+}
+
+// "key=value" items of `effective` whose key is not written in `params`.
+std::string defaulted(const std::string& params, const std::string& effective) {
+  std::set<std::string> written;
+  std::istringstream ps(params);
+  for (std::string item; std::getline(ps, item, ',');) {
+    item.erase(0, item.find_first_not_of(' '));
+    written.insert(item.substr(0, item.find('=')));
+  }
+  std::string out;
+  std::istringstream es(effective);
+  for (std::string item; std::getline(es, item, ',');) {
+    item.erase(0, item.find_first_not_of(' '));
+    if (!written.count(item.substr(0, item.find('=')))) out += (out.empty() ? "" : ", ") + item;
+  }
+  return out;
+}
+
+void print_text(const ResultsFile& file, const AttrMap& root, const std::vector<RunRow>& runs, std::ostream& out) {
+  auto text = [&](const char* k) { auto it = root.find(k); return it == root.end() ? std::string("?") : attr_text(it->second); };
+  int done = 0;
+  bool niah = false, ppl = false, probes = false, reads = false;
+  std::set<double> lengths;
+  for (const RunRow& r : runs)
+    for (const CellRow& c : r.cells) {
+      ++done;
+      niah |= c.kind == "niah";
+      ppl |= c.kind == "perplexity";
+      probes |= std::isfinite(c.recall);
+      reads |= std::isfinite(c.keys_read);
+      if (c.kind == "niah" && std::isfinite(c.context_length)) lengths.insert(c.context_length);
+    }
+  const std::string total = text("cells_total");
+  const double total_n = attr_number(root, "cells_total");
+  const bool partial = std::isfinite(total_n) && done < total_n;
+  // A resume with a smaller experiment leaves the cells of runs it no longer lists.
+  const bool extra = std::isfinite(total_n) && done > total_n;
+  out << "experiment " << text("name") << "  (" << file.path().string() << ")\n"
+      << "model " << text("model_path") << "  kvlab " << text("kvlab_version") << " (" << text("git_commit")
+      << ")  " << text("start_time") << " .. " << (root.count("end_time") ? text("end_time") : std::string("(not finished)"))
+      << "\ncells complete: " << done << " / " << total
+      << (partial ? "  (partial file: every table below uses only the complete cells)" : "")
+      << (extra ? "  (the file also holds cells of runs the last experiment written to it does not list)" : "")
+      << "\n\n";
+
+  std::vector<std::string> head{"run", "policy", "setting"};
+  if (niah) head.insert(head.end(), {"niah_acc", "niah_logp"});
+  if (ppl) head.insert(head.end(), {"ppl", "ppl_se"});
+  if (reads) head.insert(head.end(), {"keys_read", "of_seen", "read_%"});
+  head.insert(head.end(), {"kept_KiB/lh"});
+  if (probes) head.push_back("recall");
+  head.insert(head.end(), {"tok/s", "cells"});
+  std::vector<std::vector<std::string>> rows{head};
+  for (const RunRow& r : runs) {
+    const Agg a = aggregate(r), an = aggregate(r, "niah"), ap = aggregate(r, "perplexity");
+    std::vector<std::string> row{r.name, r.type, r.params.empty() ? "-" : r.params};
+    if (niah) row.insert(row.end(), {fmt(an.acc.get(), "%.3f"), fmt(an.logp.get(), "%.2f")});
+    if (ppl) row.insert(row.end(), {fmt(ap.ppl.get(), "%.3f"), fmt(ap.se.get(), "%.3f")});
+    if (reads)
+      row.insert(row.end(), {fmt(a.read.get(), "%.1f"), fmt(a.seen.get(), "%.1f"), fmt(100 * a.frac.get(), "%.1f")});
+    row.push_back(fmt(a.kept.get() / 1024.0, "%.1f"));
+    if (probes) row.push_back(fmt(a.recall.get(), "%.4f"));
+    row.insert(row.end(), {fmt(a.tps.get(), "%.0f"), std::to_string(a.cells)});
+    rows.push_back(std::move(row));
+  }
+  print_table(out, rows, 3);
+  out << "\nkeys_read: keys one query head read per decode step (mean over steps, layers, heads), of_seen:\n"
+         "tokens in the context at those steps; kept_KiB/lh: peak KV held per layer and KV head (mean over\n"
+         "cells); '-': not measured (no decode steps, e.g. the chunked/sliding protocols; probes off).\n";
+
+  if (niah && !lengths.empty()) {
+    out << "\nNIAH accuracy by context length (mean over the complete depths; [cells])\n";
+    std::vector<std::string> h{"run"};
+    for (double l : lengths) h.push_back(fmt(l, "%.0f"));
+    std::vector<std::vector<std::string>> t{h};
+    std::vector<std::vector<std::string>> k{h};
+    for (const RunRow& r : runs) {
+      std::vector<std::string> row{r.name}, krow{r.name};
+      bool any = false;
+      for (double l : lengths) {
+        const Agg g = aggregate(r, "niah", l);
+        any |= g.cells > 0;
+        row.push_back(g.cells ? fmt(g.acc.get(), "%.2f") + " [" + std::to_string(g.cells) + "]" : "-");
+        krow.push_back(g.cells ? fmt(g.read.get(), "%.0f") + "/" + fmt(g.seen.get(), "%.0f") : "-");
+      }
+      if (any) t.push_back(std::move(row)), k.push_back(std::move(krow));
+    }
+    print_table(out, t);
+    if (reads) {
+      out << "\nkeys read / seen per decode step, by context length\n";
+      print_table(out, k);
+    }
+  }
+
+  if (reads) {
+    out << "\nby fraction of keys read (compression ratio = 1 - read fraction), per policy family\n";
+    std::vector<const RunRow*> order;
+    for (const RunRow& r : runs) order.push_back(&r);
+    std::stable_sort(order.begin(), order.end(), [](const RunRow* a, const RunRow* b) {
+      if (a->type != b->type) return a->type < b->type;
+      const double fa = aggregate(*a).frac.get(), fb = aggregate(*b).frac.get();
+      return fa > fb;  // NaN compares false: kept in name order
+    });
+    std::vector<std::string> h{"policy", "run", "read_%", "compression"};
+    if (niah) h.push_back("niah_acc");
+    if (ppl) h.push_back("ppl");
+    std::vector<std::vector<std::string>> t{h};
+    for (const RunRow* r : order) {
+      const Agg a = aggregate(*r);
+      std::vector<std::string> row{r->type, r->name, fmt(100 * a.frac.get(), "%.1f"), fmt(1 - a.frac.get(), "%.3f")};
+      if (niah) row.push_back(fmt(aggregate(*r, "niah").acc.get(), "%.3f"));
+      if (ppl) row.push_back(fmt(aggregate(*r, "perplexity").ppl.get(), "%.3f"));
+      t.push_back(std::move(row));
+    }
+    print_table(out, t, 2);
+  }
+
+  bool any_default = false;
+  for (const RunRow& r : runs) any_default |= !defaulted(r.params, r.effective).empty();
+  if (any_default) {
+    out << "\nparameters not written in the experiment (defaults; \"auto\" values resolved for this model)\n";
+    for (const RunRow& r : runs) {
+      const std::string d = defaulted(r.params, r.effective);
+      if (!d.empty()) out << "  " << r.name << ": " << d << "\n";
+    }
+  }
+}
+
+void print_json(const ResultsFile& file, const AttrMap& root, const std::vector<RunRow>& runs, std::ostream& out) {
+  int done = 0;
+  for (const RunRow& r : runs) done += int(r.cells.size());
+  auto kv_list = [](const std::string& text) {
+    std::string o = "{";
+    std::istringstream s(text);
+    bool first = true;
+    for (std::string item; std::getline(s, item, ',');) {
+      item.erase(0, item.find_first_not_of(' '));
+      const size_t eq = item.find('=');
+      if (eq == std::string::npos) continue;
+      o += (first ? "" : ", ") + json_string(item.substr(0, eq)) + ": " + json_string(item.substr(eq + 1));
+      first = false;
+    }
+    return o + "}";
+  };
+  out << "{\n  \"file\": " << json_string(file.path().string())
+      << ",\n  \"experiment\": " << json_string(text_attr(root, "name"))
+      << ",\n  \"model_path\": " << json_string(text_attr(root, "model_path"))
+      << ",\n  \"schema_version\": " << json_number(attr_number(root, "schema_version"))
+      << ",\n  \"cells_complete\": " << done
+      << ",\n  \"cells_total\": " << json_number(attr_number(root, "cells_total")) << ",\n  \"runs\": [";
+  for (size_t i = 0; i < runs.size(); ++i) {
+    const RunRow& r = runs[i];
+    const Agg a = aggregate(r), an = aggregate(r, "niah"), ap = aggregate(r, "perplexity");
+    out << (i ? "," : "") << "\n    {\"name\": " << json_string(r.name) << ", \"policy_type\": " << json_string(r.type)
+        << ", \"params\": " << kv_list(r.params) << ", \"effective_params\": " << kv_list(r.effective)
+        << ", \"cells\": " << a.cells << ", \"keys_read_mean\": " << json_number(a.read.get())
+        << ", \"keys_seen_mean\": " << json_number(a.seen.get()) << ", \"read_fraction\": " << json_number(a.frac.get())
+        << ", \"kv_read_bytes_per_layer_head\": " << json_number(a.read_bytes.get())
+        << ", \"kv_kept_bytes_peak_per_layer_head\": " << json_number(a.kept.get())
+        << ", \"recall_mean\": " << json_number(a.recall.get()) << ", \"tokens_per_s\": " << json_number(a.tps.get());
+    if (an.cells) {
+      out << ", \"niah\": {\"cells\": " << an.cells << ", \"accuracy\": " << json_number(an.acc.get())
+          << ", \"value_logprob\": " << json_number(an.logp.get()) << ", \"per_length\": [";
+      std::set<double> lengths;
+      for (const CellRow& c : r.cells)
+        if (c.kind == "niah") lengths.insert(c.context_length);
+      bool first = true;
+      for (double l : lengths) {
+        const Agg g = aggregate(r, "niah", l);
+        out << (first ? "" : ", ") << "{\"context_length\": " << json_number(l) << ", \"cells\": " << g.cells
+            << ", \"accuracy\": " << json_number(g.acc.get()) << ", \"keys_read_mean\": " << json_number(g.read.get())
+            << ", \"keys_seen_mean\": " << json_number(g.seen.get()) << "}";
+        first = false;
+      }
+      out << "]}";
+    }
+    if (ap.cells)
+      out << ", \"perplexity\": {\"cells\": " << ap.cells << ", \"ppl\": " << json_number(ap.ppl.get())
+          << ", \"ppl_stderr\": " << json_number(ap.se.get()) << "}";
+    out << "}";
+  }
+  out << "\n  ],\n  \"cells\": [";
+  bool first = true;
+  for (const RunRow& r : runs)
+    for (const CellRow& c : r.cells) {
+      out << (first ? "" : ",") << "\n    {\"run\": " << json_string(c.run) << ", \"cell\": " << json_string(c.cell)
+          << ", \"kind\": " << json_string(c.kind);
+      if (c.kind == "niah")
+        out << ", \"context_length\": " << json_number(c.context_length) << ", \"depth\": " << json_number(c.depth)
+            << ", \"trials\": " << json_number(c.trials) << ", \"accuracy\": " << json_number(c.accuracy)
+            << ", \"value_logprob\": " << json_number(c.logprob);
+      else
+        out << ", \"protocol\": " << json_string(c.protocol) << ", \"ppl\": " << json_number(c.ppl)
+            << ", \"ppl_stderr\": " << json_number(c.ppl_se) << ", \"n_scored\": " << json_number(c.n_scored);
+      out << ", \"keys_read_mean\": " << json_number(c.keys_read) << ", \"keys_seen_mean\": " << json_number(c.keys_seen)
+          << ", \"kv_kept_bytes_peak_per_layer_head\": " << json_number(c.kept_bytes)
+          << ", \"kv_bytes_peak\": " << json_number(c.kv_peak) << ", \"recall_mean\": " << json_number(c.recall) << "}";
+      first = false;
+    }
+  out << "\n  ]\n}\n";
+}
+
+void print_csv(const std::vector<RunRow>& runs, std::ostream& out) {
+  out << "run,policy_type,params,effective_params,kind,cell,context_length,depth,trials,accuracy,value_logprob,"
+         "protocol,ppl,ppl_stderr,n_scored,keys_read_mean,keys_seen_mean,read_fraction,"
+         "kv_read_bytes_per_layer_head,kv_kept_bytes_peak_per_layer_head,kv_bytes_peak,recall_mean,tokens_per_s\n";
+  for (const RunRow& r : runs)
+    for (const CellRow& c : r.cells) {
+      const std::vector<std::string> f{
+          csv_field(r.name), csv_field(r.type), csv_field(r.params), csv_field(r.effective), c.kind, c.cell,
+          csv_number(c.context_length), csv_number(c.depth), csv_number(c.trials), csv_number(c.accuracy),
+          csv_number(c.logprob), c.protocol, csv_number(c.ppl), csv_number(c.ppl_se), csv_number(c.n_scored),
+          csv_number(c.keys_read), csv_number(c.keys_seen), csv_number(c.read_fraction()), csv_number(c.read_bytes),
+          csv_number(c.kept_bytes), csv_number(c.kv_peak), csv_number(c.recall), csv_number(c.tps)};
+      for (size_t i = 0; i < f.size(); ++i) out << (i ? "," : "") << f[i];
+      out << "\n";
+    }
+}
+
+}  // namespace
+
+void print_report(const ResultsFile& file, std::ostream& out, ReportFormat format) {
+  const AttrMap root = file.root_attrs();
+  const std::vector<RunRow> runs = collect(file, root);
+  switch (format) {
+    case ReportFormat::kText: print_text(file, root, runs, out); break;
+    case ReportFormat::kJson: print_json(file, root, runs, out); break;
+    case ReportFormat::kCsv: print_csv(runs, out); break;
+  }
 }
 
 bool same_cell_contents(const CellRecord& a, const CellRecord& b, std::string* difference) {
@@ -240,28 +624,67 @@ bool same_cell_contents(const CellRecord& a, const CellRecord& b, std::string* d
 }
 
 int merge_results(const std::filesystem::path& out, const std::vector<std::filesystem::path>& shards) {
+  namespace fs = std::filesystem;
   if (shards.empty()) fail("merge: no shard files given");
+  for (size_t i = 0; i < shards.size(); ++i) {
+    if (fs::exists(out) && fs::exists(shards[i]) && fs::equivalent(out, shards[i]))
+      fail("merge: the output ", out.string(), " is also an input");
+    for (size_t j = 0; j < i; ++j)
+      if (fs::exists(shards[i]) && fs::exists(shards[j]) && fs::equivalent(shards[i], shards[j]))
+        fail("merge: ", shards[i].string(), " is given twice (as file ", j + 1, " and ", i + 1,
+             "); each shard is merged once");
+  }
   std::vector<ResultsFile> inputs;
   for (const auto& s : shards) inputs.push_back(ResultsFile::open(s));
-  const AttrMap root = inputs[0].root_attrs();
-  const auto yaml = root.find("experiment");
-  if (yaml == root.end()) fail(shards[0].string(), ": no 'experiment' root attribute");
-  for (size_t i = 1; i < inputs.size(); ++i) {
-    const AttrMap other = inputs[i].root_attrs();
-    auto it = other.find("experiment");
-    if (it == other.end() || it->second != yaml->second)
-      fail(shards[i].string(), ": records a different experiment than ", shards[0].string(),
-           " (the YAML text differs); only shards of one experiment can be merged");
-    for (const char* key : {"model_sha256", "schema_version"}) {
-      auto a = root.find(key), b = other.find(key);
-      if ((a == root.end()) != (b == other.end()) || (a != root.end() && a->second != b->second))
-        fail(shards[i].string(), ": root attribute ", key, " differs from ", shards[0].string());
+  std::vector<AttrMap> roots;
+  for (const auto& f : inputs) roots.push_back(f.root_attrs());
+  size_t widest = 0;  // the shard whose experiment has the most cells: its YAML describes the merge
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (!roots[i].count("experiment")) fail(shards[i].string(), ": no 'experiment' root attribute");
+    if (attr_number(roots[i], "cells_total", 0) > attr_number(roots[widest], "cells_total", 0)) widest = i;
+    for (const char* key : {"name", "model_sha256", "schema_version"}) {
+      auto a = roots[0].find(key), b = roots[i].find(key);
+      if ((a == roots[0].end()) != (b == roots[i].end()) || (a != roots[0].end() && a->second != b->second))
+        fail(shards[i].string(), ": root attribute ", key, " differs from ", shards[0].string(),
+             key == std::string("model_sha256") ? " (another model file): only results of one model merge"
+             : key == std::string("name")       ? " (another experiment): only one experiment's shards merge"
+                                                : "");
     }
   }
-  for (const auto& s : shards)
-    if (std::filesystem::exists(out) && std::filesystem::equivalent(out, s))
-      fail("merge: the output ", out.string(), " is also an input");
-  AttrMap merged_root = root;
+  // Runs must mean the same policy in every file; with schema 1 (no effective parameters) the
+  // YAML text must match, as before.
+  const bool v1 = attr_number(roots[0], "schema_version", 1) < 2;
+  std::map<std::string, std::pair<size_t, AttrMap>> run_seen;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (v1 && roots[i].at("experiment") != roots[0].at("experiment"))
+      fail(shards[i].string(), ": records a different experiment than ", shards[0].string(),
+           " (the YAML text differs; files of results schema 1 merge only with the same text)");
+    for (const std::string& run : inputs[i].runs()) {
+      const AttrMap a = inputs[i].run_attrs(run);
+      auto [it, fresh] = run_seen.try_emplace(run, i, a);
+      if (fresh || v1) continue;
+      for (const char* key : {"policy_type", "effective_params"}) {
+        const AttrMap& first = it->second.second;
+        auto x = a.find(key);
+        auto y = first.find(key);
+        if ((x == a.end()) != (y == first.end()) || (x != a.end() && x->second != y->second))
+          fail(shards[i].string(), ": run ", run, " has ", key, " '", x == a.end() ? "" : attr_text(x->second),
+               "', but ", shards[it->second.first].string(), " has '",
+               y == first.end() ? "" : attr_text(y->second), "'; only one experiment's shards merge");
+      }
+    }
+  }
+  // Every cell once: checked before the output is created, so a refused merge writes nothing.
+  std::map<std::pair<std::string, std::string>, size_t> owner;  // (run, cell) -> input index
+  for (size_t i = 0; i < inputs.size(); ++i)
+    for (const std::string& run : inputs[i].runs())
+      for (const std::string& cell : inputs[i].complete_cells(run)) {
+        auto [it, fresh] = owner.try_emplace({run, cell}, i);
+        if (!fresh)
+          fail("merge: cell ", run, "/", cell, " is in both ", shards[it->second].string(), " and ",
+               shards[i].string(), " (overlapping shards?); merge takes each cell from one file only");
+      }
+  AttrMap merged_root = roots[widest];
   merged_root.erase("shard");
   merged_root["merged_from"] = int64_t(shards.size());
   ResultsFile merged = ResultsFile::create(out, merged_root);
@@ -270,14 +693,7 @@ int merge_results(const std::filesystem::path& out, const std::vector<std::files
     for (const std::string& run : inputs[i].runs()) {
       merged.ensure_run(run, inputs[i].run_attrs(run));
       for (const std::string& cell : inputs[i].complete_cells(run)) {
-        const CellRecord rec = inputs[i].read_cell(run, cell);
-        if (merged.cell_complete(run, cell)) {
-          std::string diff;
-          if (!same_cell_contents(rec, merged.read_cell(run, cell), &diff))
-            fail(shards[i].string(), ": cell ", run, "/", cell, " differs from an earlier shard's (", diff, ")");
-          continue;
-        }
-        merged.write_cell(run, cell, rec);
+        merged.write_cell(run, cell, inputs[i].read_cell(run, cell));
         ++n;
       }
     }

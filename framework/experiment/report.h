@@ -25,13 +25,28 @@ void write_summaries(ResultsFile& file, const ExperimentSpec& spec);
 // The experiment recorded in a results file (parsed from its `experiment` root attribute).
 ExperimentSpec experiment_of(const ResultsFile& file);
 
-// Per run: NIAH accuracy and mean value log-probability over complete cells, perplexity,
-// KV bytes (peak), attention recall, tokens/s; then cells complete / total.
-void print_report(const ResultsFile& file, std::ostream& out);
+// The report, built from the complete cells (so a partial file reports what is complete, and
+// files of schema 1 read too). Runs in natural order (h2o_64 before h2o_512); only the columns
+// of evaluations present.
+//   text: per run the setting as written, NIAH accuracy and value log-probability, perplexity,
+//         keys read per decode step against keys seen, KV kept (peak, per layer and KV head),
+//         recall, tokens/s, cells; then NIAH accuracy per context length, the runs ordered by
+//         the fraction of keys read (per policy family), and the parameters each run got by
+//         default or resolved from "auto".
+//   json: the same per run, plus every cell (NaN as null).
+//   csv:  one row per complete cell (a tidy table for pandas or R).
+enum class ReportFormat { kText, kJson, kCsv };
+void print_report(const ResultsFile& file, std::ostream& out, ReportFormat format = ReportFormat::kText);
 
-// Joins shard files (same experiment YAML, else an Error naming the file) into `out`: every
-// complete cell of every shard (a cell present in two shards must be identical up to timing),
-// root attributes of the first shard, then the summaries. Returns the number of cells.
+// a < b comparing digit runs as numbers ("h2o_64" < "h2o_512", "x@w=8" < "x@w=16").
+bool natural_less(const std::string& a, const std::string& b);
+
+// Joins shard files into `out`: every complete cell of every shard, root attributes of the
+// shard whose experiment has the most cells (shards of one sweep grown by resume may differ
+// in their YAML), then the summaries. Refuses (an Error naming the files): a file given twice,
+// files of another model, a run whose policy or effective parameters differ between files,
+// and a cell present in two files (overlapping shards: merge takes each cell once). Returns
+// the number of cells.
 int merge_results(const std::filesystem::path& out, const std::vector<std::filesystem::path>& shards);
 
 // True when two cell records are equal except for timing attributes (is_timing_attr).

@@ -503,17 +503,13 @@ void ResultsFile::set_root_attr(const std::string& name, const AttrValue& value)
 }
 
 void ResultsFile::ensure_run(const std::string& run, const AttrMap& attrs) {
-  const bool exists = guarded(path_, "reading run group " + run, [&] {
-    H5::H5File f = open_file(path_, H5F_ACC_RDONLY);
-    return f.openGroup("runs").nameExists(run);
-  });
-  if (exists) return;
+  // The run's attributes are (re)written every time: a resumed experiment records its current
+  // settings (effective parameters) on an existing run group too.
   replace_file(path_, "creating run group " + run, false, [&](H5::H5File& f) {
     H5::Group runs = f.openGroup("runs");
-    if (runs.nameExists(run)) return;
-    H5::Group g = runs.createGroup(run);
+    H5::Group g = ensure_group(runs, run);
     for (const auto& [k, v] : attrs) write_attr(g, k, v);
-    g.createGroup("cells");
+    ensure_group(g, "cells");
   });
 }
 
@@ -617,6 +613,35 @@ CellRecord ResultsFile::read_cell(const std::string& run, const std::string& cel
     rec.attrs = read_attrs(g);
     for (const auto& name : child_names(g)) rec.datasets[name] = read_dataset(g.openDataSet(name));
     return rec;
+  });
+}
+
+AttrMap ResultsFile::cell_attrs(const std::string& run, const std::string& cell) const {
+  return guarded(path_, "reading cell " + run + "/" + cell, [&] {
+    H5::H5File f = open_file(path_, H5F_ACC_RDONLY);
+    const std::string p = "runs/" + run + "/cells/" + cell;
+    if (!f.nameExists("runs/" + run) || !f.nameExists("runs/" + run + "/cells") || !f.nameExists(p))
+      fail(path_.string(), ": no cell ", run, "/", cell);
+    return read_attrs(f.openGroup(p));
+  });
+}
+
+std::map<std::string, std::map<std::string, AttrMap>> ResultsFile::all_cell_attrs() const {
+  return guarded(path_, "reading the cells", [&] {
+    H5::H5File f = open_file(path_, H5F_ACC_RDONLY);
+    std::map<std::string, std::map<std::string, AttrMap>> out;
+    H5::Group runs = f.openGroup("runs");
+    for (const auto& run : child_names(runs)) {
+      H5::Group r = runs.openGroup(run);
+      out[run];
+      if (!r.nameExists("cells")) continue;
+      H5::Group cells = r.openGroup("cells");
+      for (const auto& name : child_names(cells)) {
+        H5::Group g = cells.openGroup(name);
+        if (group_complete(g)) out[run][name] = read_attrs(g);
+      }
+    }
+    return out;
   });
 }
 

@@ -35,7 +35,9 @@
 
 namespace kvlab {
 
-inline constexpr int kResultsSchemaVersion = 1;
+// 2: cells record `identity` (resume by cell identity), `policy_type`, `effective_params` and
+//    what the policy kept and read; runs record `effective.KEY`. Files of version 1 stay readable.
+inline constexpr int kResultsSchemaVersion = 2;
 
 using AttrValue = std::variant<int64_t, double, std::string, std::vector<int64_t>, std::vector<double>>;
 using AttrMap = std::map<std::string, AttrValue>;
@@ -72,7 +74,7 @@ class ResultsFile {
   AttrMap root_attrs() const;
   void set_root_attr(const std::string& name, const AttrValue& value);
 
-  // Creates /runs/RUN with its attributes, when absent.
+  // Creates /runs/RUN when absent and (re)writes the given attributes.
   void ensure_run(const std::string& run, const AttrMap& attrs);
   std::vector<std::string> runs() const;
   AttrMap run_attrs(const std::string& run) const;
@@ -87,6 +89,10 @@ class ResultsFile {
   // the file is unchanged.
   void write_cell(const std::string& run, const std::string& cell, const CellRecord& record);
   CellRecord read_cell(const std::string& run, const std::string& cell) const;
+  // A cell's attributes only (no datasets: cheap for reports and identity checks).
+  AttrMap cell_attrs(const std::string& run, const std::string& cell) const;
+  // The attributes of every complete cell of every run, in one open: run -> cell -> attributes.
+  std::map<std::string, std::map<std::string, AttrMap>> all_cell_attrs() const;
 
   // Summary groups: /runs/RUN/GROUP/NAME datasets (replaced when present).
   void write_summary(const std::string& run, const std::string& group,

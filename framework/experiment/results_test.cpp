@@ -13,6 +13,9 @@
 #include <random>
 
 #include "framework/core/error.h"
+#include "framework/experiment/report.h"
+
+#include <sstream>
 
 namespace kvlab {
 namespace {
@@ -308,6 +311,46 @@ TEST(Results, ReadOnlyFileSystemIsAClearError) {
   }
   EXPECT_EQ(file_bytes(path), bytes);
   EXPECT_EQ(ResultsFile::open(path).complete_cells("full"), std::vector<std::string>{"a"});
+}
+
+TEST(Report, NaturalOrder) {
+  EXPECT_TRUE(natural_less("h2o_64", "h2o_512"));
+  EXPECT_FALSE(natural_less("h2o_512", "h2o_64"));
+  EXPECT_TRUE(natural_less("win@window=8", "win@window=16"));
+  EXPECT_TRUE(natural_less("niah_L512_D100", "niah_L1024_D0"));
+  EXPECT_TRUE(natural_less("niah_L512_D50", "niah_L512_D100"));
+  EXPECT_TRUE(natural_less("a", "b"));
+  EXPECT_FALSE(natural_less("x07", "x7"));  // equal numbers: neither is less
+  EXPECT_FALSE(natural_less("x7", "x07"));
+}
+
+// A file of schema 1 (cells without keys_read_mean, value_logprob_mean, effective parameters):
+// the report reads what it has and shows '-' for what it lacks, no NaN.
+TEST(Report, ReadsSchemaOneCells) {
+  const fs::path path = temp_path("schema1.h5");
+  ResultsFile f = ResultsFile::create(path, {{"name", std::string("old")}, {"cells_total", int64_t(2)},
+                                             {"model_config", std::string("{\"n_layers\": 2, \"n_kv_heads\": 2}")}});
+  f.set_root_attr("schema_version", int64_t(1));
+  f.ensure_run("win@window=16", {{"policy_type", std::string("sliding_window")}, {"params", std::string("window=16")}});
+  CellRecord rec;
+  rec.attrs = {{"kind", std::string("niah")}, {"context_length", int64_t(256)}, {"depth", 50.0},
+               {"trials", int64_t(2)}, {"accuracy", 0.5}, {"kv_bytes_peak", int64_t(4 * 4096)},
+               {"attended_achieved_mean", 16.0}, {"decode_tokens", int64_t(9)}};
+  Dataset lp;
+  lp.data = std::vector<double>{-1.0, -3.0};
+  rec.datasets["value_logprob"] = lp;
+  f.write_cell("win@window=16", "niah_L256_D50", rec);
+  std::ostringstream out;
+  print_report(ResultsFile::open(path), out);
+  const std::string t = out.str();
+  EXPECT_NE(t.find("cells complete: 1 / 2  (partial file"), std::string::npos) << t;
+  // accuracy 0.5, log-prob mean -2.00 (from the dataset), keys read 16.0, kept 16 KiB / 4 = 4.0 KiB.
+  const size_t row = t.find("win@window=16  sliding_window  window=16");
+  ASSERT_NE(row, std::string::npos) << t;
+  const std::string line = t.substr(row, t.find('\n', row) - row);
+  for (const char* v : {"0.500", "-2.00", "16.0", "4.0"}) EXPECT_NE(line.find(v), std::string::npos) << v << ": " << line;
+  EXPECT_EQ(t.find("nan"), std::string::npos) << t;
+  fs::remove(path);
 }
 
 }  // namespace

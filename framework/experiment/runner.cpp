@@ -44,15 +44,23 @@ Dataset column(auto values) {
 }
 
 // The engine's per-sequence statistics as cell attributes (mean over `stats`, peaks as max).
-void add_sequence_attrs(AttrMap& a, const std::vector<SequenceStats>& stats) {
+// Tokens in the context, mean over a sequence's decode steps: its decode steps are its last
+// `decode_steps` tokens (prefill comes first), so the step of token n saw n + 1 tokens.
+double seen_mean(const SequenceStats& s) {
+  return s.decode_steps > 0 ? double(s.n_tokens) - double(s.decode_steps - 1) / 2.0 : 0.0;
+}
+
+void add_sequence_attrs(AttrMap& a, const std::vector<SequenceStats>& stats, const ModelConfig& c) {
   size_t kv_peak = 0;
-  int64_t blocks_peak = 0, probes = 0;
-  double set = 0, achieved = 0, recall = 0, recall_min = 1, err = 0, err_max = 0;
+  int64_t blocks_peak = 0, probes = 0, decode_steps = 0;
+  double set = 0, achieved = 0, seen = 0, recall = 0, recall_min = 1, err = 0, err_max = 0;
   for (const auto& s : stats) {
     kv_peak = std::max(kv_peak, s.kv_bytes_peak);
     blocks_peak = std::max(blocks_peak, s.blocks_peak);
     set += s.attended_set_mean / double(stats.size());
     achieved += s.attended_achieved_mean / double(stats.size());
+    seen += seen_mean(s) / double(stats.size());
+    decode_steps += s.decode_steps;
     if (s.probe_samples > 0) {
       recall += s.probe_recall_mean * double(s.probe_samples);
       err += s.probe_rel_error_mean * double(s.probe_samples);
@@ -65,6 +73,13 @@ void add_sequence_attrs(AttrMap& a, const std::vector<SequenceStats>& stats) {
   a["blocks_peak"] = blocks_peak;
   a["attended_set_mean"] = set;
   a["attended_achieved_mean"] = achieved;
+  // What the policy kept and read, per layer and KV head (the store holds fp32 K and V).
+  const double bytes_per_key = 2.0 * c.head_dim * sizeof(float);
+  a["decode_steps"] = decode_steps;
+  a["keys_seen_mean"] = decode_steps ? seen : kNaN;
+  a["keys_read_mean"] = decode_steps ? achieved : kNaN;
+  a["kv_read_bytes_per_layer_head"] = decode_steps ? achieved * bytes_per_key : kNaN;
+  a["kv_kept_bytes_peak_per_layer_head"] = double(kv_peak) / double(c.n_layers * c.n_kv_heads);
   a["probe_samples"] = probes;
   a["recall_mean"] = probes ? recall / double(probes) : kNaN;
   a["recall_min"] = probes ? recall_min : kNaN;
@@ -119,7 +134,7 @@ struct Inputs {
   std::vector<std::vector<int32_t>> ppl_tokens;  // per text
 };
 
-CellRecord run_niah_cell(const CellSpec& cell, EngineLm& lm, Inputs& in) {
+CellRecord run_niah_cell(const CellSpec& cell, EngineLm& lm, Inputs& in, const ModelConfig& config) {
   const NiahSpec& n = in.spec.niah;
   const int length = n.context_lengths[cell.length_idx];
   const double depth = n.depths[cell.depth_idx];
@@ -190,13 +205,18 @@ CellRecord run_niah_cell(const CellSpec& cell, EngineLm& lm, Inputs& in) {
   int n_correct = 0;
   for (int8_t c : correct) n_correct += c;
   rec.attrs["accuracy"] = double(n_correct) / double(correct.size());
-  add_sequence_attrs(rec.attrs, all_stats);
+  double logprob_sum = 0;
+  int64_t logprob_n = 0;
+  for (double lp : logprob)
+    if (std::isfinite(lp)) logprob_sum += lp, ++logprob_n;
+  rec.attrs["value_logprob_mean"] = logprob_n ? logprob_sum / double(logprob_n) : kNaN;
+  add_sequence_attrs(rec.attrs, all_stats, config);
   add_probe_layer_datasets(rec.datasets, all_stats);
   add_timing_attrs(rec.attrs, lm);
   return rec;
 }
 
-CellRecord run_ppl_cell(const CellSpec& cell, EngineLm& lm, Inputs& in) {
+CellRecord run_ppl_cell(const CellSpec& cell, EngineLm& lm, Inputs& in, const ModelConfig& config) {
   const PerplexitySpec& s = in.spec.perplexity;
   PerplexityOptions o;
   o.protocol = s.protocol;
@@ -225,7 +245,7 @@ CellRecord run_ppl_cell(const CellSpec& cell, EngineLm& lm, Inputs& in) {
   rec.attrs["ppl_stderr"] = r.ppl_stderr;
   rec.attrs["mean_nll"] = r.mean_nll;
   rec.attrs["status"] = r.stopped.empty() ? std::string("ok") : r.stopped;
-  add_sequence_attrs(rec.attrs, lm.ended);
+  add_sequence_attrs(rec.attrs, lm.ended, config);
   add_probe_layer_datasets(rec.datasets, lm.ended);
   add_timing_attrs(rec.attrs, lm);
   return rec;
@@ -247,6 +267,34 @@ int64_t resident_token_layers(const AttentionPolicy& policy, const ModelConfig& 
     sum += b < 0 ? n_seen : std::min(b, n_seen);
   }
   return sum;
+}
+
+AttrValue param_attr(const ParamValue& v) {
+  if (auto* b = std::get_if<bool>(&v)) return int64_t(*b);
+  if (auto* i = std::get_if<int64_t>(&v)) return *i;
+  if (auto* d = std::get_if<double>(&v)) return *d;
+  return std::get<std::string>(v);
+}
+
+std::string attr_text(const AttrValue& v) {
+  if (auto* s = std::get_if<std::string>(&v)) return *s;
+  if (auto* i = std::get_if<int64_t>(&v)) return std::to_string(*i);
+  if (auto* d = std::get_if<double>(&v)) return str_cat(*d);
+  return "[...]";
+}
+
+// "was 'trials: 1', now 'trials: 2'" for the first line that differs between two identities.
+std::string first_difference(const std::string& before, const std::string& now) {
+  std::istringstream a(before), b(now);
+  std::string la, lb;
+  while (true) {
+    const bool ga = bool(std::getline(a, la)), gb = bool(std::getline(b, lb));
+    if (!ga && !gb) return "identical";
+    if (!ga) la = "(nothing)";
+    if (!gb) lb = "(nothing)";
+    if (la != lb) return "was '" + la + "', now '" + lb + "'";
+    if (!ga || !gb) return "identical";
+  }
 }
 
 void dry_run(const ExperimentSpec& spec, const std::vector<RunSpec>& runs,
@@ -287,30 +335,9 @@ void check_device(Device device) {
     fail("--device cuda: ", cuda_device_summary(), "; use --device cpu");
 }
 
-int run_experiment(const ExperimentSpec& spec, const RunOptions& o) {
-  std::ostream& out = o.out ? *o.out : std::cout;
-  check_device(o.device);
-  check_files_exist(spec);
-  PolicyRegistry registry = make_builtin_registry();
-  for (const auto& p : spec.plugins) registry.load_plugin(p);
-  check_policies(spec, PolicyLookup{[&](const std::string& t) { return registry.find(t); },
-                                    [&] { return registry.names(); }});
-  const std::vector<RunSpec> runs = expand_runs(spec);
-  const std::vector<CellSpec> cells = expand_cells(spec, runs);
-
-  LoadOptions load;
-  load.weight_dtype = spec.model.dtype;
-  load.tokenizer_path = spec.model.tokenizer;
-  load.require_tokenizer = !o.dry_run;
-  load.load_tokenizer = !o.dry_run;
-  const std::unique_ptr<Model> model = load_model(spec.model.path, load);
-  const ModelConfig& config = model->config;
-  if (o.dry_run) {
-    dry_run(spec, runs, cells, o, *model, registry, out);
-    return 0;
-  }
-  const Tokenizer& tokenizer = *model->tokenizer;
-
+std::vector<std::string> check_experiment_against_model(const ExperimentSpec& spec, const ModelConfig& config,
+                                                        const PolicyRegistry& registry) {
+  std::vector<std::string> warnings;
   // Sizes the model cannot hold are errors now, not after an hour of other cells.
   const int64_t max_tokens = spec.engine.max_tokens > 0 ? spec.engine.max_tokens : config.max_seq_len;
   const std::string limit = spec.engine.max_tokens > 0
@@ -329,6 +356,127 @@ int run_experiment(const ExperimentSpec& spec, const RunOptions& o) {
                                                                  : 0;
     if (window > max_tokens) fail(p.ref.str(), ": window of ", window, " tokens exceeds ", limit);
   }
+  for (size_t i = 0; i < spec.engine.probe_layers.size(); ++i)
+    if (spec.engine.probe_layers[i] >= config.n_layers)
+      fail(spec.file.string(), ": engine.probe_layers[", i, "]: layer ", spec.engine.probe_layers[i],
+           " does not exist (the model has ", config.n_layers, " layers)");
+
+  // Every grid point is built for this model (a policy may reject a shape), and settings that
+  // run but cannot differ from full attention are named.
+  int64_t longest = 0;
+  if (spec.niah.enabled)
+    for (int l : spec.niah.context_lengths) longest = std::max<int64_t>(longest, l + spec.niah.max_answer_tokens);
+  if (spec.perplexity.enabled) longest = std::max<int64_t>(longest, spec.perplexity.tokens);
+  const bool prefill_only_ppl = spec.perplexity.enabled && spec.perplexity.protocol != PplProtocol::kStreaming;
+  for (const RunSpec& run : expand_runs(spec)) {
+    const std::string context = "policies." + run.name + ".params";
+    const auto policy = registry.create(run.type, run.params, policy_shape(config), context);
+    const auto effective = registry.effective_params(run.type, run.params, policy_shape(config), context);
+    bool within = longest > 0;
+    for (int l = 0; l < config.n_layers && within; ++l) {
+      const int64_t b = policy->budget_tokens(l, longest);
+      within = b >= longest;
+    }
+    if (within)
+      warnings.push_back(str_cat(spec.policies[run.entry_index].ref.str(), ": run ", run.name,
+                                 ": its budget keeps every token up to the longest input (", longest,
+                                 " tokens), so it equals full attention"));
+    auto prefill = effective.find("prefill");
+    if (prefill_only_ppl && run.type == "landmark" && prefill != effective.end() &&
+        prefill->second == ParamValue(std::string("dense")))
+      warnings.push_back(str_cat(spec.policies[run.entry_index].ref.str(), ": run ", run.name, ": the ",
+                                 to_string(spec.perplexity.protocol),
+                                 " perplexity protocol scores prefill logits only and landmark's prefill is "
+                                 "dense (prefill: dense), so its perplexity equals full attention's; use "
+                                 "protocol: streaming or prefill: select"));
+  }
+  return warnings;
+}
+
+std::string cell_identity(const ExperimentSpec& spec, const RunSpec& run,
+                          const std::map<std::string, ParamValue>& effective_params, const CellSpec& cell,
+                          const IdentityInputs& in) {
+  std::string id;
+  auto line = [&](const std::string& key, const auto&... value) { id += str_cat(key, ": ", value..., "\n"); };
+  auto digest = [&](const fs::path& p) {
+    auto it = in.file_sha256.find(p.string());
+    return it == in.file_sha256.end() ? std::string("?") : it->second;
+  };
+  auto ints = [](const auto& v) {
+    std::string out;
+    for (const auto& x : v) out += (out.empty() ? "" : ",") + str_cat(x);
+    return "[" + out + "]";
+  };
+  line("experiment", spec.name);
+  line("model_sha256", in.model_sha256);
+  line("model_dtype", spec.model.dtype);
+  line("tokenizer_sha256", spec.model.tokenizer.empty() ? std::string("(the model's)") : digest(spec.model.tokenizer));
+  line("device", in.device);
+  line("kv.block_size", spec.kv.block_size_tokens);
+  line("kv.budget_bytes", spec.kv.budget_bytes);
+  line("engine.prefill_chunk", spec.engine.prefill_chunk_tokens);
+  line("engine.probe", spec.engine.probe ? 1 : 0);
+  line("engine.probe_every", spec.engine.probe_every);
+  line("engine.probe_layers", ints(spec.engine.probe_layers));
+  line("engine.max_tokens", spec.engine.max_tokens);
+  line("run", run.name);
+  line("policy.type", run.type);
+  for (const auto& [k, v] : effective_params) line("policy." + k, to_string(v));
+  line("seeds", ints(spec.seeds));
+  line("cell", cell.id);
+  if (cell.kind == EvalKind::kNiah) {
+    const NiahSpec& n = spec.niah;
+    std::string hay;
+    for (const auto& h : n.haystack) hay += (hay.empty() ? "" : ",") + digest(h);
+    line("niah.haystack_sha256", "[", hay, "]");
+    line("niah.context_length", n.context_lengths[cell.length_idx]);
+    line("niah.depth", n.depths[cell.depth_idx]);
+    line("niah.trials", n.trials);
+    line("niah.needle", n.needle);
+    line("niah.question", n.question);
+    line("niah.value_digits", n.value_digits);
+    line("niah.needle_placement", to_string(n.needle_placement));
+    line("niah.max_answer_tokens", n.max_answer_tokens);
+    line("niah.decode_tail_tokens", n.decode_tail_tokens);
+  } else {
+    const PerplexitySpec& p = spec.perplexity;
+    line("perplexity.text_sha256", digest(p.text[cell.text_idx]));
+    line("perplexity.tokens", p.tokens);
+    line("perplexity.protocol", to_string(p.protocol));
+    line("perplexity.n_ctx", p.n_ctx);
+    line("perplexity.window", p.window);
+    line("perplexity.stride", p.stride);
+    line("perplexity.checkpoints", ints(p.checkpoints));
+  }
+  return id;
+}
+
+int run_experiment(const ExperimentSpec& spec, const RunOptions& o) {
+  std::ostream& out = o.out ? *o.out : std::cout;
+  check_device(o.device);
+  check_files_exist(spec);
+  PolicyRegistry registry = make_builtin_registry();
+  for (const auto& p : spec.plugins) registry.load_plugin(p);
+  check_policies(spec, PolicyLookup{[&](const std::string& t) { return registry.find(t); },
+                                    [&] { return registry.names(); }});
+  const std::vector<RunSpec> runs = expand_runs(spec);
+  const std::vector<CellSpec> cells = expand_cells(spec, runs);
+
+  LoadOptions load;
+  load.weight_dtype = spec.model.dtype;
+  load.tokenizer_path = spec.model.tokenizer;
+  load.require_tokenizer = !o.dry_run;
+  load.load_tokenizer = !o.dry_run;
+  const std::unique_ptr<Model> model = load_model(spec.model.path, load);
+  const ModelConfig& config = model->config;
+  const std::vector<std::string> warnings = check_experiment_against_model(spec, config, registry);
+  if (o.progress)
+    for (const std::string& w : warnings) std::fprintf(o.progress, "warning: %s\n", w.c_str());
+  if (o.dry_run) {
+    dry_run(spec, runs, cells, o, *model, registry, out);
+    return 0;
+  }
+  const Tokenizer& tokenizer = *model->tokenizer;
 
   // A pool that cannot hold one token (a block in every layer) is an error before any file.
   if (spec.kv.budget_bytes > 0) {
@@ -367,21 +515,64 @@ int run_experiment(const ExperimentSpec& spec, const RunOptions& o) {
     in.ppl_tokens.push_back(std::move(t));
   }
 
+  // Cell identities: what each cell computes, independent of the YAML's wording.
+  IdentityInputs ids;
+  ids.model_sha256 = sha256_of_path(spec.model.path);
+  ids.device = o.device == Device::kCuda
+                   ? str_cat("cuda ", device_dtype_name(o.device_dtype), ": ", cuda_device_summary())
+               : o.device == Device::kEmulated ? str_cat("emulated ", device_dtype_name(o.device_dtype))
+                                        : std::string("cpu");
+  if (!spec.model.tokenizer.empty()) ids.file_sha256[spec.model.tokenizer.string()] = sha256_of_path(spec.model.tokenizer);
+  for (const auto& h : spec.niah.haystack) ids.file_sha256[h.string()] = sha256_of_path(h);
+  for (const auto& t : spec.perplexity.text) ids.file_sha256[t.string()] = sha256_of_path(t);
+  std::vector<std::map<std::string, ParamValue>> effective;
+  for (const RunSpec& run : runs)
+    effective.push_back(registry.effective_params(run.type, run.params, policy_shape(config), "policies." + run.name + ".params"));
+  std::vector<std::string> identity;
+  for (const CellSpec& c : cells) identity.push_back(cell_identity(spec, runs[c.run], effective[c.run], c, ids));
+
   // The results file.
   const fs::path output = o.output.empty() ? spec.output : o.output;
   std::optional<ResultsFile> file;
   if (o.resume && fs::exists(output)) {
     file = ResultsFile::open(output);
     const AttrMap root = file->root_attrs();
+    auto version = root.find("schema_version");
+    const bool has_identities = version != root.end() && std::get<int64_t>(version->second) >= 2;
     auto it = root.find("experiment");
-    if (it == root.end() || it->second != AttrValue(spec.yaml_text))
-      fail(output.string(), ": records a different experiment (its YAML text differs from ",
-           spec.file.string(), "); resume needs the same file");
+    if (!has_identities && (it == root.end() || it->second != AttrValue(spec.yaml_text)))
+      fail(output.string(), ": written by an older kvlab (results schema 1, no cell identities) for a "
+           "different YAML text than ", spec.file.string(), "; resume it with the same file, or start a new "
+           "output (-o NEW.h5) or --overwrite");
+    auto sha = root.find("model_sha256");
+    if (sha != root.end() && sha->second != AttrValue(ids.model_sha256))
+      fail(output.string(), ": was run with another model file (sha256 ", attr_text(sha->second), ", ",
+           spec.model.path.string(), " has ", ids.model_sha256, "); start a new output (-o NEW.h5) or --overwrite");
     const int deleted = file->delete_incomplete_cells();
     if (deleted && o.progress) std::fprintf(o.progress, "resume: removed %d interrupted cell(s)\n", deleted);
+    if (has_identities) {
+      // A complete cell stays only if it computed what the experiment asks for now.
+      const std::vector<std::string> present = file->runs();
+      for (const CellSpec& c : cells) {
+        const std::string& run = runs[c.run].name;
+        if (std::find(present.begin(), present.end(), run) == present.end() || !file->cell_complete(run, c.id)) continue;
+        const AttrMap a = file->cell_attrs(run, c.id);
+        auto old = a.find("identity");
+        const std::string before = old == a.end() ? std::string() : attr_text(old->second);
+        if (before == identity[c.index]) continue;
+        fail(output.string(), ": cell ", run, "/", c.id, " was computed with other settings (",
+             first_difference(before, identity[c.index]), "); resume continues only an experiment whose "
+             "existing cells are unchanged: write a new output (-o NEW.h5) or use --overwrite");
+      }
+    }
+    // The file now records this experiment (the grid may have grown).
+    file->set_root_attr("experiment", spec.yaml_text);
+    file->set_root_attr("experiment_file", spec.file.string());
+    file->set_root_attr("name", spec.name);
+    file->set_root_attr("cells_total", int64_t(cells.size()));
   } else {
     if (fs::exists(output) && !o.overwrite)
-      fail(output.string(), ": already exists (use --resume to continue it, or delete it)");
+      fail(output.string(), ": already exists (--resume continues it, --overwrite replaces it)");
     std::vector<int64_t> seeds(spec.seeds.begin(), spec.seeds.end());
     AttrMap root{{"kvlab_version", std::string(kVersion)},
                  {"git_commit", std::string(kGitCommit)},
@@ -391,7 +582,7 @@ int run_experiment(const ExperimentSpec& spec, const RunOptions& o) {
                  {"start_time", utc_now_iso8601()},
                  {"host", host_name()},
                  {"model_path", spec.model.path.string()},
-                 {"model_sha256", sha256_of_path(spec.model.path)},
+                 {"model_sha256", ids.model_sha256},
                  {"model_format", model->format},
                  {"model_config", model_config_json(config)},
                  {"model_dtype", spec.model.dtype},
@@ -400,23 +591,24 @@ int run_experiment(const ExperimentSpec& spec, const RunOptions& o) {
                  {"seeds", seeds},
                  {"cells_total", int64_t(cells.size())},
                  {"shard", str_cat(o.shard.index, "/", o.shard.count)},
-                 {"device", o.device == Device::kCuda
-                                ? str_cat("cuda ", device_dtype_name(o.device_dtype), ": ", cuda_device_summary())
-                            : o.device == Device::kEmulated ? str_cat("emulated ", device_dtype_name(o.device_dtype))
-                                                            : std::string("cpu")}};
+                 {"kv_bytes_per_token", int64_t(config.kv_bytes_per_token(DType::kF32))},
+                 {"device", ids.device}};
     file = ResultsFile::create(output, root);
   }
-  for (const RunSpec& run : runs) {
+  for (size_t r = 0; r < runs.size(); ++r) {
+    const RunSpec& run = runs[r];
     AttrMap a{{"policy_name", run.entry_name}, {"policy_type", run.type}};
-    std::string params;
+    std::string params, eff;
     for (const auto& [k, v] : run.params) {
-      if (auto* b = std::get_if<bool>(&v)) a["param." + k] = int64_t(*b);
-      else if (auto* i = std::get_if<int64_t>(&v)) a["param." + k] = *i;
-      else if (auto* d = std::get_if<double>(&v)) a["param." + k] = *d;
-      else a["param." + k] = std::get<std::string>(v);
+      a["param." + k] = param_attr(v);
       params += (params.empty() ? "" : ", ") + k + "=" + to_string(v);
     }
+    for (const auto& [k, v] : effective[r]) {
+      a["effective." + k] = param_attr(v);
+      eff += (eff.empty() ? "" : ", ") + k + "=" + to_string(v);
+    }
     a["params"] = params;
+    a["effective_params"] = eff;
     file->ensure_run(run.name, a);
   }
 
@@ -436,10 +628,6 @@ int run_experiment(const ExperimentSpec& spec, const RunOptions& o) {
   eo.max_tokens = spec.engine.max_tokens;
   eo.device = o.device;
   eo.device_dtype = o.device_dtype;
-  for (size_t i = 0; i < eo.probe_layers.size(); ++i)
-    if (eo.probe_layers[i] >= config.n_layers)
-      fail(spec.file.string(), ": engine.probe_layers[", i, "]: layer ", eo.probe_layers[i],
-           " does not exist (the model has ", config.n_layers, " layers)");
   Engine engine(*model, eo);
 
   const bool interactive = o.progress_interactive >= 0 ? o.progress_interactive == 1
@@ -458,7 +646,7 @@ int run_experiment(const ExperimentSpec& spec, const RunOptions& o) {
     }
     CellRecord rec;
     try {
-      rec = cell->kind == EvalKind::kNiah ? run_niah_cell(*cell, lm, in) : run_ppl_cell(*cell, lm, in);
+      rec = cell->kind == EvalKind::kNiah ? run_niah_cell(*cell, lm, in, config) : run_ppl_cell(*cell, lm, in, config);
     } catch (const KvPoolExhausted& e) {
       if (progress) progress->finish();
       fail(spec.file.string(), ": kv.budget_bytes = ",
@@ -468,6 +656,9 @@ int run_experiment(const ExperimentSpec& spec, const RunOptions& o) {
            "context); the ", n_run, " cell(s) finished in this run are in ", output.string());
     }
     rec.attrs["run"] = run.name;
+    rec.attrs["policy_type"] = run.type;
+    rec.attrs["effective_params"] = std::get<std::string>(file->run_attrs(run.name).at("effective_params"));
+    rec.attrs["identity"] = identity[cell->index];
     rec.attrs["cell_index"] = int64_t(cell->index);
     rec.attrs["finished_at"] = utc_now_iso8601();
     file->write_cell(run.name, cell->id, rec);

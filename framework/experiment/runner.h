@@ -15,8 +15,10 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <map>
 #include <ostream>
 #include <string>
+#include <vector>
 
 #include "framework/engine/device.h"
 #include "framework/experiment/cells.h"
@@ -40,7 +42,38 @@ struct RunOptions {
 
 // Throws kvlab::Error for anything that stops the run (bad input, unreadable files, a device
 // that is not there). Returns the number of cells run.
+//
+// Resume is by cell identity (cell_identity below): a cell of the file is kept when its
+// identity equals the one the experiment gives it now, so a comment, a reordered key or an
+// added policy or length resumes (only the new cells run); a cell whose settings changed is an
+// error naming the first differing line. Files of schema 1 (no identities) resume only with the
+// same YAML text.
 int run_experiment(const ExperimentSpec& spec, const RunOptions& options);
+
+// Everything about an experiment that can be known without running a cell, checked against
+// the model's configuration: context lengths (+ max_answer_tokens) and perplexity windows
+// against the model's context or engine.max_tokens, probe layers, and every policy grid point
+// built for the model. Throws kvlab::Error naming the key on an impossible setting; returns
+// warnings (one line each) for settings that run but measure nothing (a budget at least every
+// length, so the run equals full attention; landmark's dense prefill under a prefill-only
+// perplexity protocol).
+struct ModelConfig;
+class PolicyRegistry;
+std::vector<std::string> check_experiment_against_model(const ExperimentSpec& spec, const ModelConfig& config,
+                                                        const PolicyRegistry& registry);
+
+// The identity of one cell: canonical "key: value" lines naming the experiment, the model's
+// digest and weight dtype, the policy type and its effective parameters, the evaluation's
+// settings (input files by content digest, not path), the engine settings that change numbers,
+// the device and the seeds. Two cells with equal identities compute the same numbers.
+struct IdentityInputs {
+  std::string model_sha256;
+  std::string device;  // the root attribute `device`
+  std::map<std::string, std::string> file_sha256;  // input file path -> digest
+};
+std::string cell_identity(const ExperimentSpec& spec, const RunSpec& run,
+                          const std::map<std::string, ParamValue>& effective_params,
+                          const CellSpec& cell, const IdentityInputs& inputs);
 
 // Throws "--device cuda: ..." unless `device` can be used by this build and machine.
 void check_device(Device device);

@@ -26,7 +26,7 @@ namespace kvlab {
 class PolicyFactory;
 }
 
-inline constexpr uint32_t kKvlabPolicyApiVersion = 2;  // 2: PolicyNeeds::prefill_mask
+inline constexpr uint32_t kKvlabPolicyApiVersion = 3;  // 2: PolicyNeeds::prefill_mask; 3: PolicyFactory::effective_params
 inline constexpr const char* kKvlabPolicyPluginSymbol = "kvlab_policy_plugin";
 
 extern "C" {

@@ -158,6 +158,14 @@ class PolicyFactory {
   virtual std::optional<std::map<std::string, ParamValue>> unlimited_params() const {
     return std::nullopt;
   }
+  // The parameters the policy made by create(params, shape) really runs with: `params` with
+  // every default filled in and every "auto" value (e.g. landmark's 0) resolved for `shape`.
+  // Recorded in results files, so a cell says what ran and not only what was written.
+  virtual std::map<std::string, ParamValue> effective_params(const ParamValues& params,
+                                                             const PolicyModelShape& shape) const {
+    (void)shape;
+    return params.all();
+  }
 };
 
 }  // namespace kvlab

@@ -61,6 +61,13 @@ std::unique_ptr<AttentionPolicy> PolicyRegistry::create(
   return policy;
 }
 
+std::map<std::string, ParamValue> PolicyRegistry::effective_params(
+    std::string_view name, const std::map<std::string, ParamValue>& raw,
+    const PolicyModelShape& shape, const std::string& context) const {
+  const PolicyFactory& f = at(name);
+  return f.effective_params(validate_params(f.name(), f.params(), raw, context), shape);
+}
+
 std::string PolicyRegistry::load_plugin(const std::filesystem::path& path) {
   const std::string file = path.string();
   // RTLD_NODELETE: policies made by the plugin may outlive this registry (never unloaded).

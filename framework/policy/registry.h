@@ -11,6 +11,8 @@
 //   create(name, raw, shape, context)
 //                        validates raw parameters (unknown / ill-typed / out of range -> Error
 //                        naming the policy and `context.key`), fills defaults, makes a policy.
+//   effective_params(name, raw, shape, context)
+//                        the same validation; the parameters that policy really runs with.
 //   load_plugin(path)    dlopen + entry point + version check + add; returns the policy name.
 #pragma once
 
@@ -45,6 +47,13 @@ class PolicyRegistry {
                                           const std::map<std::string, ParamValue>& raw,
                                           const PolicyModelShape& shape,
                                           const std::string& context = "params") const;
+
+  // The parameters create(name, raw, shape) runs with: validated, defaults filled, "auto"
+  // values resolved (PolicyFactory::effective_params).
+  std::map<std::string, ParamValue> effective_params(std::string_view name,
+                                                     const std::map<std::string, ParamValue>& raw,
+                                                     const PolicyModelShape& shape,
+                                                     const std::string& context = "params") const;
 
   std::string load_plugin(const std::filesystem::path& path);
 

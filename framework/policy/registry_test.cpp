@@ -4,6 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include <fstream>
+#include <sstream>
+
 #include "framework/core/error.h"
 #include "framework/core/error_testing.h"
 #include "framework/policy/plugin.h"
@@ -73,6 +76,40 @@ TEST(PolicyPlugin, MissingEntryPointNamesFileAndSymbol) {
   const std::string e = error_of([&] { r.load_plugin(KVLAB_TEST_PLUGIN_NOSYM); });
   EXPECT_NE(e.find(KVLAB_TEST_PLUGIN_NOSYM), std::string::npos) << e;
   EXPECT_NE(e.find("kvlab_policy_plugin"), std::string::npos) << e;
+}
+
+TEST(PolicyRegistry, EffectiveParamsFillDefaultsAndResolveLandmarkAuto) {
+  PolicyRegistry r = make_builtin_registry();
+  // kShape: training context L = 512 < 8192, so landmark's 0 = auto scales down:
+  // C = clamp(pow2_floor(512 / 128), 8, 64) = 8, W = clamp(512 / 16, 2C, 512) = 32,
+  // K = clamp(512 / (4C), 2, 32) = 16.
+  const auto e = r.effective_params("landmark", {}, kShape);
+  EXPECT_EQ(std::get<int64_t>(e.at("chunk_size")), 8);
+  EXPECT_EQ(std::get<int64_t>(e.at("window")), 32);
+  EXPECT_EQ(std::get<int64_t>(e.at("top_k")), 16);
+  EXPECT_EQ(std::get<int64_t>(e.at("sinks")), 4);
+  EXPECT_EQ(std::get<std::string>(e.at("prefill")), "dense");
+  // Written values stay as written; L >= 8192 gives the unscaled defaults.
+  const auto w = r.effective_params("landmark", {{"top_k", int64_t(3)}}, PolicyModelShape{2, 4, 2, 8, 8192});
+  EXPECT_EQ(std::get<int64_t>(w.at("top_k")), 3);
+  EXPECT_EQ(std::get<int64_t>(w.at("chunk_size")), 64);
+  EXPECT_EQ(std::get<int64_t>(w.at("window")), 512);
+  // Policies without auto values: the validated parameters with their defaults.
+  const auto s = r.effective_params("sinks", {{"recent", int64_t(8)}}, kShape);
+  EXPECT_EQ(std::get<int64_t>(s.at("recent")), 8);
+  EXPECT_EQ(std::get<std::string>(s.at("rope_positions")), "cache");
+  EXPECT_THROW(r.effective_params("sinks", {{"recnt", int64_t(8)}}, kShape), Error);
+}
+
+// The installed kvlabConfig.cmake carries the header's API version (the regex once read the
+// "32" of uint32_t).
+TEST(PolicyPlugin, InstalledConfigCarriesTheHeadersApiVersion) {
+  std::ifstream in(KVLAB_CONFIG_CMAKE);
+  ASSERT_TRUE(in) << KVLAB_CONFIG_CMAKE;
+  std::stringstream text;
+  text << in.rdbuf();
+  const std::string want = "set(KVLAB_POLICY_API_VERSION " + std::to_string(kKvlabPolicyApiVersion) + ")";
+  EXPECT_NE(text.str().find(want), std::string::npos) << want << " not in\n" << text.str();
 }
 
 TEST(PolicyPlugin, VersionMismatchNamesBothVersions) {

@@ -20,10 +20,15 @@ class SimplePolicyFactory : public PolicyFactory {
  public:
   using CreateFn = std::function<std::unique_ptr<AttentionPolicy>(const ParamValues&,
                                                                   const PolicyModelShape&)>;
+  // Resolves "auto" parameter values for a model shape (PolicyFactory::effective_params);
+  // empty: the validated values are the effective ones.
+  using ResolveFn = std::function<std::map<std::string, ParamValue>(const ParamValues&,
+                                                                    const PolicyModelShape&)>;
   SimplePolicyFactory(std::string name, std::string doc, ParamSpecs specs, CreateFn create,
-                      std::optional<std::map<std::string, ParamValue>> unlimited = std::nullopt)
+                      std::optional<std::map<std::string, ParamValue>> unlimited = std::nullopt,
+                      ResolveFn resolve = nullptr)
       : name_(std::move(name)), doc_(std::move(doc)), specs_(std::move(specs)),
-        create_(std::move(create)), unlimited_(std::move(unlimited)) {}
+        create_(std::move(create)), unlimited_(std::move(unlimited)), resolve_(std::move(resolve)) {}
   std::string name() const override { return name_; }
   std::string doc() const override { return doc_; }
   const ParamSpecs& params() const override { return specs_; }
@@ -34,12 +39,17 @@ class SimplePolicyFactory : public PolicyFactory {
   std::optional<std::map<std::string, ParamValue>> unlimited_params() const override {
     return unlimited_;
   }
+  std::map<std::string, ParamValue> effective_params(const ParamValues& params,
+                                                     const PolicyModelShape& shape) const override {
+    return resolve_ ? resolve_(params, shape) : params.all();
+  }
 
  private:
   std::string name_, doc_;
   ParamSpecs specs_;
   CreateFn create_;
   std::optional<std::map<std::string, ParamValue>> unlimited_;
+  ResolveFn resolve_;
 };
 
 }  // namespace kvlab
