@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <ctime>
+#include <new>
 #include <thread>
 
 #include "framework/core/error.h"
@@ -28,7 +29,20 @@ H5::StrType vlen_string_type() {
 // (a reader such as h5py or `kvlab report` makes a writer's open fail, and vice versa). The
 // writer keeps the file closed between cells, so such waits are short; after kOpenWaitSeconds
 // the last error is thrown.
+// Only a lock failure is waited for: a file that is not HDF5, or is corrupt, fails at once
+// (waiting 2 minutes on a truncated file would look like a hang).
 constexpr double kOpenWaitSeconds = 120;
+bool last_error_is_lock_failure() {
+  bool found = false;
+  H5Ewalk2(
+      H5E_DEFAULT, H5E_WALK_DOWNWARD,
+      [](unsigned, const H5E_error2_t* e, void* out) -> herr_t {
+        if (e->min_num == H5E_CANTLOCKFILE) *static_cast<bool*>(out) = true;
+        return 0;
+      },
+      &found);
+  return found;
+}
 H5::H5File open_file(const fs::path& path, unsigned flags) {
   const auto start = std::chrono::steady_clock::now();
   while (true) {
@@ -36,7 +50,7 @@ H5::H5File open_file(const fs::path& path, unsigned flags) {
       return H5::H5File(path.string(), flags);
     } catch (const H5::Exception&) {
       const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      if (waited > kOpenWaitSeconds || !fs::exists(path)) throw;
+      if (!last_error_is_lock_failure() || waited > kOpenWaitSeconds || !fs::exists(path)) throw;
       std::this_thread::sleep_for(std::chrono::milliseconds(200));
     }
   }
@@ -50,6 +64,8 @@ auto guarded(const fs::path& path, const std::string& what, F&& body) {
     return body();
   } catch (const H5::Exception& e) {
     fail(path.string(), ": HDF5 error while ", what, ": ", e.getDetailMsg());
+  } catch (const std::bad_alloc&) {  // a size read from a corrupt file
+    fail(path.string(), ": out of memory while ", what);
   }
 }
 
@@ -78,10 +94,34 @@ void write_attr(H5::H5Object& obj, const std::string& name, const AttrValue& val
   }
 }
 
+// The size of the file holding `obj` (0 when HDF5 cannot tell).
+uint64_t file_bytes_of(hid_t obj) {
+  const hid_t f = H5Iget_file_id(obj);
+  hsize_t size = 0;
+  if (f >= 0) {
+    if (H5Fget_filesize(f, &size) < 0) size = 0;
+    H5Fclose(f);
+  }
+  return size;
+}
+
+// Element counts come from the file's dataspaces: they are checked against what the file can
+// hold before a vector is sized from them. Attribute data is stored uncompressed (each element
+// at least one byte of the file); dataset chunks may be deflated, and deflate expands at most
+// ~1032:1, so a dataset may hold up to 1100 bytes per file byte (+1 MiB for fill values).
+void check_elements(uint64_t n, uint64_t bytes_per_file_byte, uint64_t slack_bytes, hid_t obj,
+                    const std::string& what) {
+  const uint64_t file_bytes = file_bytes_of(obj);
+  if (n > file_bytes * bytes_per_file_byte + slack_bytes)
+    fail(what, " claims ", n, " elements, more than the file's ", file_bytes, " bytes can hold (corrupt file?)");
+}
+
 AttrValue read_attr(const H5::Attribute& a) {
   const H5::DataSpace space = a.getSpace();
   const bool scalar = space.getSimpleExtentType() == H5S_SCALAR;
   const hssize_t n = space.getSimpleExtentNpoints();
+  check_elements(uint64_t(n), 1, 0, a.getId(), "attribute '" + a.getName() + "'");
+  if (scalar && n != 1) fail("attribute '", a.getName(), "' is a scalar without a value");
   const H5T_class_t cls = a.getTypeClass();
   if (cls == H5T_STRING) {
     H5::StrType t = a.getStrType();
@@ -178,6 +218,7 @@ Dataset read_dataset(const H5::DataSet& in) {
   space.getSimpleExtentDims(dims.data());
   ds.shape.assign(dims.begin(), dims.end());
   const size_t n = size_t(space.getSimpleExtentNpoints());
+  check_elements(n, 1100, 1 << 20, in.getId(), "dataset '" + in.getObjName() + "'");
   const H5T_class_t cls = in.getTypeClass();
   if (cls == H5T_STRING) {
     H5::StrType t = vlen_string_type();

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 
@@ -148,5 +149,35 @@ TEST(Results, OpenRejectsOtherFiles) {
   fs::remove_all(dir);
 }
 
+
+// Issue 11 (found by fuzz_results): a corrupt file with a valid HDF5 signature made every open
+// retry for kOpenWaitSeconds (2 minutes) as if another process held a lock. Only lock failures
+// are waited for now.
+TEST(Results, CorruptFileFailsAtOnce) {
+  const fs::path path = temp_path("corrupt.h5");
+  {
+    ResultsFile f = ResultsFile::create(path, {{"name", std::string("x")}});
+    f.ensure_run("full", {{"policy_type", std::string("full")}});
+  }
+  std::string bytes;
+  {
+    std::ifstream in(path, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  ASSERT_GT(bytes.size(), 1024u);
+  for (size_t keep : {size_t{600}, bytes.size() / 2, bytes.size() - 16}) {
+    { std::ofstream(path, std::ios::binary | std::ios::trunc).write(bytes.data(), keep); }
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      ResultsFile g = ResultsFile::open(path);
+      (void)g.runs();
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(path.string()), std::string::npos) << e.what();
+    }
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    EXPECT_LT(s, 10.0) << keep << " bytes kept";  // a lock wait would take 120 s
+  }
+  fs::remove_all(path.parent_path());
+}
 }  // namespace
 }  // namespace kvlab
