@@ -82,13 +82,13 @@ for t in "${targets[@]}"; do
   rm -rf "$tmp"
   execs=$(awk '/^stat::number_of_executed_units:/ {print $2}' "$log" | tail -1)
   rate=$(awk '/^stat::average_exec_per_sec:/ {print $2}' "$log" | tail -1)
-  last=$(grep -E '^#[0-9]+' "$log" | tail -1)
+  last=$(grep -E '^#[0-9]+' "$log" | tail -1 || true)
   cov=$(sed -n 's/.* cov: \([0-9]*\).*/\1/p' <<<"$last")
   ft=$(sed -n 's/.* ft: \([0-9]*\).*/\1/p' <<<"$last")
   result=ok
   if ((rc != 0)); then
     failed=1
-    result="FAILED (exit $rc): $(grep -m1 -oE 'ERROR: [A-Za-z]+: [a-z-]+[^ ]*|runtime error: .*|ERROR: libFuzzer: [a-z-]+' "$log" || echo see log) -> $artifacts"
+    result="FAILED (exit $rc): $(grep -m1 -oE 'ERROR: [A-Za-z]+: [a-z-]+[^ ]*|runtime error: .*|ERROR: libFuzzer: [a-z-]+' "$log" || echo see "$log") -> $artifacts"
   fi
   printf "%-22s %10s %8s %7s %7s %7s  %s\n" "$t" "${execs:-?}" "${rate:-?}" "${cov:-?}" "${ft:-?}" \
       "$(ls "$corpus" | wc -l)" "$result" >>"$summary"
