@@ -5,11 +5,13 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <ctime>
 #include <new>
 #include <thread>
 
 #include "framework/core/error.h"
+#include "framework/model/mapped_file.h"
 
 namespace kvlab {
 namespace {
@@ -294,10 +296,64 @@ ResultsFile ResultsFile::create(const fs::path& path, const AttrMap& root_attrs)
   });
 }
 
+namespace {
+
+// libhdf5 1.10 trusts the object sizes inside a global heap collection (where variable-length
+// strings live): a corrupt size makes H5HG_read copy past the collection (found by
+// fuzz_results: a 262,144-byte object in a 4,096-byte collection). Before HDF5 reads the file,
+// every collection ("GCOL", version 1, its size, then objects {u16 index, u16 refcount, u32
+// reserved, length size, data padded to 8}; index 0 is the free space ending it) is checked to
+// hold its objects. Collections are found by their signature, each skipped as a whole once
+// checked (so string data inside one is never taken for a header).
+void check_global_heaps(const fs::path& path) {
+  const MappedFile map = MappedFile::open(path);
+  const auto* d = reinterpret_cast<const unsigned char*>(map.data());
+  const size_t n = map.size();
+  // Size of lengths from a version 0/1 (byte 14) or 2/3 (byte 10) superblock at offset 0.
+  if (n < 16 || std::memcmp(d, "\x89HDF\r\n\x1a\n", 8) != 0) return;
+  const size_t len_size = d[8] <= 1 ? d[14] : d[10];
+  if (len_size != 2 && len_size != 4 && len_size != 8) return;  // HDF5 itself refuses these
+  auto read_len = [&](size_t at) {
+    uint64_t v = 0;
+    for (size_t k = 0; k < len_size; ++k) v |= uint64_t(d[at + k]) << (8 * k);
+    return v;
+  };
+  const size_t header = 8 + len_size;  // signature, version, 3 reserved, collection size
+  for (size_t at = 0; at + header <= n;) {
+    const void* hit = memmem(d + at, n - at, "GCOL", 4);
+    if (!hit) break;
+    const size_t start = size_t(static_cast<const unsigned char*>(hit) - d);
+    if (start + header > n || d[start + 4] != 1 || d[start + 5] || d[start + 6] || d[start + 7]) {
+      at = start + 4;
+      continue;
+    }
+    const uint64_t size = read_len(start + 8);
+    if (size < header || size > n - start) {
+      at = start + 4;  // not a collection this file could hold: HDF5 refuses it on its own
+      continue;
+    }
+    const size_t end = start + size;
+    for (size_t p = start + header; p + 8 + len_size <= end;) {
+      const unsigned index = d[p] | unsigned(d[p + 1]) << 8;
+      if (index == 0) break;  // free space: the rest of the collection
+      const uint64_t bytes = read_len(p + 8);
+      const uint64_t padded = bytes > end ? bytes : (bytes + 7) / 8 * 8;
+      if (padded > end - (p + 8 + len_size))
+        fail(path.string(), ": corrupt HDF5 global heap at byte ", start, ": object ", index, " of ", bytes,
+             " bytes does not fit its ", size, "-byte collection");
+      p += 8 + len_size + padded;
+    }
+    at = end;
+  }
+}
+
+}  // namespace
+
 ResultsFile ResultsFile::open(const fs::path& path) {
   if (!fs::exists(path)) fail(path.string(), ": results file not found");
   return guarded(path, "opening the results file", [&] {
     if (!H5::H5File::isHdf5(path.string())) fail(path.string(), ": not an HDF5 file");
+    check_global_heaps(path);
     H5::H5File f = open_file(path, H5F_ACC_RDONLY);
     if (!f.attrExists("schema_version") || !f.nameExists("runs"))
       fail(path.string(), ": not a kvlab results file (no schema_version attribute or /runs group)");
