@@ -94,7 +94,7 @@ for t in "${targets[@]}"; do
       "$(ls "$corpus" | wc -l)" "$result" >>"$summary"
 done
 cat "$summary"
-cp "$summary" "$build/fuzz-summary.txt"
+mv "$summary" "$build/fuzz-summary.txt"
 if ((failed)); then
   echo "fuzz: a target failed; logs in $build/logs, inputs in $build/artifacts" >&2
   exit 1
