@@ -11,11 +11,17 @@ namespace kvlab {
 
 // Ratios round up: a short sequence keeps at least one token of each non-zero kind. (Rounding
 // down would evict everything during the first 1/ratio tokens of a stream, sinks included.)
+// Counts saturate at 2^53 tokens (more than any sequence holds): the parameters are finite and
+// non-negative (validate_params) but may be huge, and a double past int64 does not convert.
+static int64_t saturated_tokens(double x) {
+  constexpr double kMax = 9007199254740992.0;  // 2^53
+  return x >= kMax ? int64_t(kMax) : int64_t(x);
+}
 int64_t ScorerBudget::recent_tokens(int64_t n_seen) const {
-  return ratio ? int64_t(std::ceil(recent * double(n_seen) - 1e-9)) : int64_t(recent);
+  return saturated_tokens(ratio ? std::ceil(recent * double(n_seen) - 1e-9) : recent);
 }
 int64_t ScorerBudget::keep_tokens(int64_t n_seen) const {
-  return ratio ? int64_t(std::ceil(keep * double(n_seen) - 1e-9)) : int64_t(keep);
+  return saturated_tokens(ratio ? std::ceil(keep * double(n_seen) - 1e-9) : keep);
 }
 
 ScorerBudget ScorerBudget::from_params(const ParamValues& p, const std::string& keep_name) {
@@ -45,8 +51,8 @@ ParamSpecs scorer_param_specs(const ScorerDefaults& d) {
 
 int64_t ScorerPolicy::budget_tokens(int layer, int64_t n_seen) const {
   const double scale = layer_budget_scale(layer);
-  return budget_.sinks + int64_t(std::floor(double(budget_.recent_tokens(n_seen)) * scale)) +
-         int64_t(std::floor(double(budget_.keep_tokens(n_seen)) * scale));
+  return budget_.sinks + saturated_tokens(std::floor(double(budget_.recent_tokens(n_seen)) * scale)) +
+         saturated_tokens(std::floor(double(budget_.keep_tokens(n_seen)) * scale));
 }
 
 void ScorerPolicy::after_attention(const LayerStep& step, const StepStats& stats,
@@ -55,8 +61,8 @@ void ScorerPolicy::after_attention(const LayerStep& step, const StepStats& stats
   const int64_t n_seen = tokens_seen(step);
   const int64_t sinks = budget_.sinks;
   const double scale = layer_budget_scale(step.layer);
-  const int64_t recent = int64_t(std::floor(double(budget_.recent_tokens(n_seen)) * scale));
-  const int64_t keep = int64_t(std::floor(double(budget_.keep_tokens(n_seen)) * scale));
+  const int64_t recent = saturated_tokens(std::floor(double(budget_.recent_tokens(n_seen)) * scale));
+  const int64_t keep = saturated_tokens(std::floor(double(budget_.keep_tokens(n_seen)) * scale));
   const CacheScan scan(*step.cache, step.shape.n_kv_heads);
   for (int h = 0; h < step.shape.n_kv_heads; ++h) {
     scan.valid_slots(h, slots_, &positions_);

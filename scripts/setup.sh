@@ -21,6 +21,7 @@ packages=(
   python3-numpy python3-regex python3-sentencepiece   # independent references in tests
   python3-torch                  # the second (PyTorch) reference of llama_reference_test
   python3-h5py python3-matplotlib                     # results analysis (evals/analyze.py)
+  clang-14 libclang-rt-14-dev    # libFuzzer targets (scripts/fuzz.sh, the CI fuzz step)
 )
 
 missing=()

@@ -11,6 +11,7 @@ stderr naming the file and the problem, no crash.
 import json
 import os
 import shutil
+import struct
 import subprocess
 import sys
 import tempfile
@@ -62,7 +63,20 @@ def main():
         l2c = open(os.path.join(small, "model.bin"), "rb").read()
         open(os.path.join(tmp, "truncated.bin"), "wb").write(l2c[:-8])
         os.makedirs(os.path.join(tmp, "empty_dir"))
+        # llama2.c headers whose block sizes multiply past int64 (issue 11: segfault / hang /
+        # wrapped byte count), and a GGUF whose block_count had one bit flipped (21.5 GiB before).
+        big = 1 << 24
+        for k, h in enumerate([(big, big, big, 1 << 20, 1 << 20, big, big), (2, big, big, 1, 1, 1, 1)]):
+            open(os.path.join(tmp, f"overflow{k}.bin"), "wb").write(struct.pack("<7i", *h) + bytes(8))
+        key = b"llama.block_count"
+        at = data.index(key) + len(key) + 4
+        flipped = data[:at] + struct.pack("<I", struct.unpack_from("<I", data, at)[0] | 1 << 26) + data[at + 4:]
+        open(os.path.join(tmp, "block_count.gguf"), "wb").write(flipped)
         bad = [
+            (os.path.join(tmp, "overflow0.bin"), "needs more than 36 (at block"),
+            (os.path.join(tmp, "overflow1.bin"), "needs more than 36 (at block"),
+            (os.path.join(tmp, "block_count.gguf"), "missing tensor 'blk.2.attn_norm.weight'"),
+            (os.path.join(tmp, "x" * 300 + ".gguf"), "x" * 300),
             (os.path.join(tmp, "truncated.gguf"), "truncated"),
             (os.path.join(tmp, "magic.gguf"), "wrong magic"),
             (os.path.join(tmp, "truncated.bin"), "truncated"),

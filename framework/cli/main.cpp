@@ -2,6 +2,7 @@
 // std::exception so bad input always ends in one readable line and a non-zero exit.
 #include <cstdio>
 #include <exception>
+#include <new>
 #include <span>
 #include <string>
 #include <vector>
@@ -76,6 +77,10 @@ int main(int argc, char** argv) {
     for (int i = 2; i < argc; ++i) args.emplace_back(argv[i]);
     try {
       return c.run(args);
+    } catch (const std::bad_alloc&) {
+      // The loaders name their file when they run out of memory; this is everything else.
+      std::fprintf(stderr, "kvlab %s: error: out of memory (std::bad_alloc)\n", c.name);
+      return 1;
     } catch (const std::exception& e) {
       std::fprintf(stderr, "kvlab %s: error: %s\n", c.name, e.what());
       return 1;

@@ -9,6 +9,7 @@
 namespace kvlab {
 
 std::vector<RunSpec> expand_runs(const ExperimentSpec& spec) {
+  check_grid_size(spec);  // counted before anything is built
   std::vector<RunSpec> runs;
   for (size_t e = 0; e < spec.policies.size(); ++e) {
     const PolicyEntry& entry = spec.policies[e];

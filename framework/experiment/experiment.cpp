@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
+#include <new>
 #include <set>
 #include <sstream>
 
@@ -38,8 +39,11 @@ uint64_t parse_byte_size(const std::string& text, const std::string& what) {
       {"", 1},          {"B", 1},           {"KB", 1e3},         {"MB", 1e6},
       {"GB", 1e9},      {"KiB", 1024.0},    {"MiB", 1048576.0},  {"GiB", 1073741824.0},
       {"K", 1024.0},    {"M", 1048576.0},   {"G", 1073741824.0}};
-  for (const auto& [name, scale] : kUnits)
-    if (unit == name) return static_cast<uint64_t>(std::llround(value * scale));
+  for (const auto& [name, scale] : kUnits) {
+    if (unit != name) continue;
+    if (!(value * scale < 0x1p63)) fail(what, ": byte size '", text, "' is too large (at most 2^63 - 1 bytes)");
+    return static_cast<uint64_t>(std::llround(value * scale));
+  }
   fail(what, ": unknown size unit '", unit, "' (expected B, KB, MB, GB, KiB, MiB or GiB)");
 }
 
@@ -178,11 +182,14 @@ class Reader {
   std::string file_;
 };
 
+// (std::filesystem::exists without an error_code throws for a name longer than the file system
+// allows; such a path simply does not exist here, and check_files_exist names it.)
 fs::path resolve_path(const std::string& text, const fs::path& yaml_file) {
   fs::path p(text);
-  if (p.is_absolute() || fs::exists(p)) return p;
+  std::error_code ec;
+  if (p.is_absolute() || fs::exists(p, ec)) return p;
   const fs::path beside = yaml_file.parent_path() / p;
-  if (fs::exists(beside)) return beside;
+  if (fs::exists(beside, ec)) return beside;
   return p;
 }
 
@@ -367,8 +374,13 @@ ExperimentSpec parse_experiment_text(const std::string& text, const fs::path& fi
   spec.file = file;
   spec.yaml_text = text;
   r.expect_map(root, "",
-               {"name", "model", "kv", "engine", "policies", "plugins", "seeds", "output", "evals"},
+               {"name", "model", "kv", "engine", "policies", "plugins", "seeds", "output", "evals",
+                "max_cells"},
                {"model", "policies", "evals"});
+  if (root["max_cells"]) {
+    spec.max_cells = uint64_t(r.get_int(root["max_cells"], "max_cells", 1, int64_t(kMaxCellsLimit)));
+    spec.max_cells_ref = r.ref(root["max_cells"], "max_cells");
+  }
   spec.name = root["name"] ? r.get_string(root["name"], "name") : file.stem().string();
   parse_model(r, root["model"], file, spec.model);
   if (root["kv"]) parse_kv(r, root["kv"], spec.kv);
@@ -387,7 +399,59 @@ ExperimentSpec parse_experiment_text(const std::string& text, const fs::path& fi
   if (evals.size() == 0) r.error(evals, "evals", "expected at least one of niah, perplexity");
   if (evals["niah"]) parse_niah(r, evals["niah"], file, spec.niah);
   if (evals["perplexity"]) parse_perplexity(r, evals["perplexity"], file, spec.perplexity);
+  check_grid_size(spec);
   return spec;
+}
+
+namespace {
+
+uint64_t saturating_mul(uint64_t a, uint64_t b) {
+  uint64_t out;
+  return __builtin_mul_overflow(a, b, &out) ? UINT64_MAX : out;
+}
+uint64_t saturating_add(uint64_t a, uint64_t b) {
+  uint64_t out;
+  return __builtin_add_overflow(a, b, &out) ? UINT64_MAX : out;
+}
+uint64_t entry_runs(const PolicyEntry& e) {
+  uint64_t n = 1;
+  for (const auto& [key, values] : e.params) n = saturating_mul(n, values.size());
+  return n;
+}
+
+}  // namespace
+
+GridCount count_grid(const ExperimentSpec& spec) {
+  GridCount g;
+  for (const PolicyEntry& e : spec.policies) g.runs = saturating_add(g.runs, entry_runs(e));
+  if (spec.niah.enabled)
+    g.cells_per_run = saturating_mul(spec.niah.context_lengths.size(), spec.niah.depths.size());
+  if (spec.perplexity.enabled) g.cells_per_run = saturating_add(g.cells_per_run, spec.perplexity.text.size());
+  g.cells = saturating_mul(g.runs, g.cells_per_run);
+  return g;
+}
+
+void check_grid_size(const ExperimentSpec& spec) {
+  const GridCount g = count_grid(spec);
+  if (g.cells <= spec.max_cells) return;
+  // Name the entry whose lists multiply most, or the evals when the runs alone are few.
+  const PolicyEntry* widest = nullptr;
+  for (const PolicyEntry& e : spec.policies)
+    if (!widest || entry_runs(e) > entry_runs(*widest)) widest = &e;
+  std::string where;
+  if (widest && entry_runs(*widest) > 1 && entry_runs(*widest) >= g.cells_per_run) {
+    SourceRef ref = widest->params_ref;
+    where = ref.str();
+  } else {
+    const SourceRef& ref = spec.niah.enabled ? spec.niah.ref : spec.perplexity.ref;
+    where = ref.str();
+  }
+  auto count = [](uint64_t n) { return n == UINT64_MAX ? std::string("more than 2^64") : std::to_string(n); };
+  fail(where, ": the experiment expands to ", count(g.runs), " runs x ", count(g.cells_per_run),
+       " cells per run = ", count(g.cells), " cells, above max_cells = ", spec.max_cells,
+       spec.max_cells_ref.file.empty() ? " (the default; set max_cells: N at the top level of the file to allow more"
+                                       : " (set at " + spec.max_cells_ref.str(),
+       "; cells are counted before any is built)");
 }
 
 ExperimentSpec parse_experiment(const fs::path& file) {
@@ -395,12 +459,19 @@ ExperimentSpec parse_experiment(const fs::path& file) {
   if (!in) fail(file.string(), ": cannot read the experiment file");
   std::ostringstream text;
   text << in.rdbuf();
-  return parse_experiment_text(text.str(), file);
+  try {
+    return parse_experiment_text(text.str(), file);
+  } catch (const std::bad_alloc&) {
+    fail(file.string(), ": out of memory while reading the experiment file");
+  }
 }
 
 void check_files_exist(const ExperimentSpec& spec) {
   auto check = [&](const fs::path& p, const std::string& key) {
-    if (fs::exists(p)) return;
+    std::error_code ec;
+    if (fs::exists(p, ec)) return;
+    if (ec && ec != std::errc::no_such_file_or_directory)
+      fail(spec.file.string(), ": ", key, ": cannot access ", p.string(), ": ", ec.message());
     if (p.is_absolute()) fail(spec.file.string(), ": ", key, ": file not found: ", p.string());
     // Relative: looked up in the current directory, then beside the YAML (one place when
     // they are the same directory).

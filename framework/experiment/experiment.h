@@ -16,6 +16,7 @@
 //   plugins: [path.so]
 //   seeds: [int]                      default [0]
 //   output: path                      default results/<name>.h5
+//   max_cells: int                    refuse grids expanding past this many cells (1000000)
 //   evals:
 //     niah: {haystack: path | [paths], context_lengths: [int], depths: [0..100], trials: int,
 //            needle: str with {value}, question: str, value_digits: int,
@@ -112,6 +113,14 @@ struct PerplexitySpec {
   SourceRef ref;
 };
 
+// The most cells an experiment may expand to unless its file says otherwise (max_cells:). A
+// cell is minutes of compute, and expansion builds every cell in memory: a grid whose lists
+// multiply past this is almost always a typo (or one list shared by every key through a YAML
+// alias), and is refused before anything is built.
+inline constexpr uint64_t kDefaultMaxCells = 1000000;
+// Beyond this no max_cells helps: cells are numbered with int.
+inline constexpr uint64_t kMaxCellsLimit = (uint64_t{1} << 31) - 1;
+
 struct ExperimentSpec {
   std::string name;
   std::filesystem::path file;  // the YAML file
@@ -125,7 +134,21 @@ struct ExperimentSpec {
   std::filesystem::path output;
   NiahSpec niah;
   PerplexitySpec perplexity;
+  uint64_t max_cells = kDefaultMaxCells;  // max_cells: in the file (1 .. kMaxCellsLimit)
+  SourceRef max_cells_ref;                // where it was set (empty when defaulted)
 };
+
+// How many runs and cells the spec expands to (cells.h), counted from the list lengths without
+// building anything; saturates at UINT64_MAX instead of wrapping.
+struct GridCount {
+  uint64_t runs = 0;           // sum over policy entries of the product of their list lengths
+  uint64_t cells_per_run = 0;  // NIAH lengths x depths + perplexity texts
+  uint64_t cells = 0;          // runs x cells_per_run
+};
+GridCount count_grid(const ExperimentSpec& spec);
+// Throws kvlab::Error naming the file, the key whose lists multiply most and the limit when
+// count_grid(spec).cells exceeds spec.max_cells. parse_experiment_text and expand_runs call it.
+void check_grid_size(const ExperimentSpec& spec);
 
 // Parses YAML text; `file` names it in errors and anchors relative paths.
 ExperimentSpec parse_experiment_text(const std::string& text, const std::filesystem::path& file);

@@ -221,5 +221,98 @@ TEST(Experiment, PolicyTypesAndParamsCheckedAgainstRegistry) {
       << bad_value;
 }
 
+
+// Issue 11: a 5 KB file whose grid lists share one 1000-value list through an alias asked
+// `validate` to expand 10^9 runs. Cells are counted from the list lengths first.
+std::string shared_list_grid(int values, const std::string& extra = "") {
+  std::string list;
+  for (int i = 0; i < values; ++i) list += (i ? ", " : "") + std::to_string(64 + i);
+  return "model: {path: m.gguf}\n" + extra +
+         "policies:\n"
+         "  - {name: lm, type: landmark, params: {chunk_size: &v [" + list + "], top_k: *v, window: *v}}\n"
+         "evals: {niah: {haystack: h.txt, context_lengths: [64], depths: [50]}}\n";
+}
+
+TEST(ExperimentLimits, GridSharingOneListThroughAnAliasIsCountedAndRefused) {
+  const std::string yaml = shared_list_grid(1000);
+  EXPECT_LT(yaml.size(), 6000u);
+  try {
+    parse_experiment_text(yaml, "grid.yaml");
+    ADD_FAILURE() << "10^9 cells accepted";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("grid.yaml:3:"), std::string::npos) << m;
+    EXPECT_NE(m.find("policies[0].params: the experiment expands to 1000000000 runs x 1 cells per run = "
+                     "1000000000 cells, above max_cells = 1000000 (the default; set max_cells: N"),
+              std::string::npos) << m;
+  }
+}
+
+TEST(ExperimentLimits, MaxCellsIsSettableAndChecksTheEvalsToo) {
+  // 20^3 = 8000 runs: past max_cells: 1000, within the default.
+  EXPECT_EQ(count_grid(parse_experiment_text(shared_list_grid(20), "g.yaml")).cells, 8000u);
+  try {
+    parse_experiment_text(shared_list_grid(20, "max_cells: 1000\n"), "g.yaml");
+    ADD_FAILURE();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("above max_cells = 1000 (set at g.yaml:2:12: max_cells"), std::string::npos)
+        << e.what();
+  }
+  // Lengths x depths alone: named by the NIAH section.
+  std::string lengths, depths;
+  for (int i = 0; i < 2000; ++i) lengths += (i ? ", " : "") + std::to_string(16 + i);
+  for (int i = 0; i < 1000; ++i) depths += (i ? ", " : "") + std::to_string(i / 10.0);
+  const std::string niah = "model: {path: m.gguf}\npolicies: [{type: full}]\n"
+                           "evals:\n  niah: {haystack: h.txt, context_lengths: [" + lengths + "], depths: [" +
+                           depths + "]}\n";
+  try {
+    parse_experiment_text(niah, "n.yaml");
+    ADD_FAILURE();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("n.yaml:4:9: evals.niah: the experiment expands to 1 runs x 2000000 cells"),
+              std::string::npos) << e.what();
+  }
+  EXPECT_EQ(count_grid(parse_experiment_text("max_cells: 2000000\n" + niah, "n.yaml")).cells, 2000000u);
+  // Out of range values of max_cells itself.
+  for (const char* v : {"0", "-1", "2147483648", "1e9"}) {
+    try {
+      parse_experiment_text(std::string("max_cells: ") + v + "\n" + niah, "n.yaml");
+      ADD_FAILURE() << v;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("max_cells: expected an integer"), std::string::npos) << e.what();
+    }
+  }
+  // Built in code: expand_runs checks too.
+  ExperimentSpec spec = parse_experiment_text(shared_list_grid(20), "g.yaml");
+  spec.max_cells = 100;
+  EXPECT_THROW(expand_runs(spec), Error);
+}
+
+TEST(ExperimentLimits, OverlongPathComponentIsAnErrorNotAFilesystemException) {
+  // resolve_path's std::filesystem::exists threw filesystem_error (File name too long).
+  const std::string name(300, 'x');
+  const ExperimentSpec spec = parse_experiment_text(
+      "model: {path: " + name + "/m.gguf}\npolicies: [{type: full}]\nevals: {perplexity: {text: t.txt}}\n",
+      "long.yaml");
+  EXPECT_EQ(spec.model.path, fs::path(name + "/m.gguf"));
+  try {
+    check_files_exist(spec);
+    ADD_FAILURE();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("long.yaml: model.path: cannot access " + name), std::string::npos) << e.what();
+  }
+}
+
+TEST(ExperimentLimits, ByteSizesPastUint64AreRefused) {
+  EXPECT_EQ(parse_byte_size("4GiB", "kv"), uint64_t{4} << 30);
+  for (const char* text : {"1e300", "1e30GB", "9223372036854775808"}) {
+    try {
+      parse_byte_size(text, "kv.budget_bytes");
+      ADD_FAILURE() << text;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("kv.budget_bytes: byte size"), std::string::npos) << e.what();
+    }
+  }
+}
 }  // namespace
 }  // namespace kvlab

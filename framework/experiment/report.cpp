@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <algorithm>
@@ -16,12 +17,17 @@ namespace {
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
+// The cell's dataset `name` as a vector of T; with `n`, it must hold exactly n values (the
+// summaries index it per trial). `where` names the file and cell in errors.
 template <class T>
-const std::vector<T>& values_of(const CellRecord& rec, const std::string& name) {
+const std::vector<T>& values_of(const CellRecord& rec, const std::string& name, const std::string& where = "",
+                                std::optional<size_t> n = std::nullopt) {
+  const std::string prefix = where.empty() ? "" : where + ": ";
   auto it = rec.datasets.find(name);
-  if (it == rec.datasets.end()) fail("cell lacks dataset '", name, "'");
+  if (it == rec.datasets.end()) fail(prefix, "cell lacks dataset '", name, "'");
   const auto* v = std::get_if<std::vector<T>>(&it->second.data);
-  if (!v) fail("cell dataset '", name, "' has an unexpected type");
+  if (!v) fail(prefix, "cell dataset '", name, "' has an unexpected type");
+  if (n && v->size() != *n) fail(prefix, "cell dataset '", name, "' has ", v->size(), " values, expected ", *n);
   return *v;
 }
 
@@ -91,24 +97,31 @@ void write_summaries(ResultsFile& file, const ExperimentSpec& spec) {
           const std::string id = str_cat("niah_L", n.context_lengths[l], "_D", n.depths[d]);
           if (!done.count(id)) continue;
           const CellRecord rec = file.read_cell(run.name, id);
+          const std::string where = str_cat(file.path().string(), ": ", run.name, "/", id);
           const auto& c = values_of<int8_t>(rec, "correct");
           if (c.size() != T) fail(file.path().string(), ": cell ", run.name, "/", id, " has ", c.size(), " trials, expected ", T);
           const size_t base = (l * D + d) * T;
+          // Per-trial datasets must have T entries each (a corrupt file may say otherwise).
+          const auto& lp = values_of<double>(rec, "value_logprob", where, T);
+          const auto& fw = values_of<int64_t>(rec, "first_wrong_token", where, T);
+          const auto& np = values_of<int64_t>(rec, "needle_pos", where, T);
+          const auto& an = values_of<std::string>(rec, "answers", where, T);
+          const auto& va = values_of<std::string>(rec, "values", where, T);
           int n_correct = 0;
           for (size_t t = 0; t < T; ++t) {
             correct[base + t] = c[t];
             n_correct += c[t] == 1;
-            logprob[base + t] = values_of<double>(rec, "value_logprob")[t];
-            first_wrong[base + t] = values_of<int64_t>(rec, "first_wrong_token")[t];
-            needle[base + t] = values_of<int64_t>(rec, "needle_pos")[t];
-            answers[base + t] = values_of<std::string>(rec, "answers")[t];
-            values[base + t] = values_of<std::string>(rec, "values")[t];
+            logprob[base + t] = lp[t];
+            first_wrong[base + t] = fw[t];
+            needle[base + t] = np[t];
+            answers[base + t] = an[t];
+            values[base + t] = va[t];
           }
           accuracy[l * D + d] = double(n_correct) / double(T);
           std::vector<double> kvd;
-          for (int64_t b : values_of<int64_t>(rec, "kv_bytes_peak")) kvd.push_back(double(b));
+          for (int64_t b : values_of<int64_t>(rec, "kv_bytes_peak", where)) kvd.push_back(double(b));
           kv[l * D + d] = mean_of(kvd);
-          recall[l * D + d] = mean_of(values_of<double>(rec, "recall_mean"));
+          recall[l * D + d] = mean_of(values_of<double>(rec, "recall_mean", where));
           tps[l * D + d] = attr_number(rec.attrs, "tokens_per_s");
         }
       std::vector<int64_t> lengths(n.context_lengths.begin(), n.context_lengths.end());
@@ -140,7 +153,10 @@ void write_summaries(ResultsFile& file, const ExperimentSpec& spec) {
         const CellRecord rec = file.read_cell(run.name, id);
         ppl[x] = attr_number(rec.attrs, "ppl");
         se[x] = attr_number(rec.attrs, "ppl_stderr");
-        scored[x] = int64_t(attr_number(rec.attrs, "n_scored", 0));
+        const double n_scored = attr_number(rec.attrs, "n_scored", 0);
+        if (!(std::fabs(n_scored) < 0x1p63))  // NaN or past int64: not a count
+          fail(file.path().string(), ": ", run.name, "/", id, ": attribute n_scored = ", n_scored, " is not a count");
+        scored[x] = int64_t(n_scored);
         kv[x] = attr_number(rec.attrs, "kv_bytes_peak");
         recall[x] = attr_number(rec.attrs, "recall_mean");
         tps[x] = attr_number(rec.attrs, "tokens_per_s");

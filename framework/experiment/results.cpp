@@ -11,10 +11,12 @@
 #include <chrono>
 #include <cstring>
 #include <ctime>
+#include <new>
 #include <optional>
 #include <thread>
 
 #include "framework/core/error.h"
+#include "framework/model/mapped_file.h"
 
 namespace kvlab {
 namespace {
@@ -34,7 +36,20 @@ H5::StrType vlen_string_type() {
 // (a reader such as h5py or `kvlab report` makes a writer's open fail, and vice versa). The
 // writer keeps the file closed between cells, so such waits are short; after kOpenWaitSeconds
 // the last error is thrown.
+// Only a lock failure is waited for: a file that is not HDF5, or is corrupt, fails at once
+// (waiting 2 minutes on a truncated file would look like a hang).
 constexpr double kOpenWaitSeconds = 120;
+bool last_error_is_lock_failure() {
+  bool found = false;
+  H5Ewalk2(
+      H5E_DEFAULT, H5E_WALK_DOWNWARD,
+      [](unsigned, const H5E_error2_t* e, void* out) -> herr_t {
+        if (e->min_num == H5E_CANTLOCKFILE) *static_cast<bool*>(out) = true;
+        return 0;
+      },
+      &found);
+  return found;
+}
 H5::H5File open_file(const fs::path& path, unsigned flags) {
   const auto start = std::chrono::steady_clock::now();
   while (true) {
@@ -42,7 +57,7 @@ H5::H5File open_file(const fs::path& path, unsigned flags) {
       return H5::H5File(path.string(), flags);
     } catch (const H5::Exception&) {
       const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      if (waited > kOpenWaitSeconds || !fs::exists(path)) throw;
+      if (!last_error_is_lock_failure() || waited > kOpenWaitSeconds || !fs::exists(path)) throw;
       std::this_thread::sleep_for(std::chrono::milliseconds(200));
     }
   }
@@ -84,6 +99,8 @@ auto guarded(const fs::path& path, const std::string& what, F&& body) {
     return body();
   } catch (const H5::Exception& e) {
     fail_hdf5(path, what, e);
+  } catch (const std::bad_alloc&) {  // a size read from a corrupt file
+    fail(path.string(), ": out of memory while ", what);
   }
 }
 
@@ -291,10 +308,34 @@ void write_attr(H5::H5Object& obj, const std::string& name, const AttrValue& val
   }
 }
 
+// The size of the file holding `obj` (0 when HDF5 cannot tell).
+uint64_t file_bytes_of(hid_t obj) {
+  const hid_t f = H5Iget_file_id(obj);
+  hsize_t size = 0;
+  if (f >= 0) {
+    if (H5Fget_filesize(f, &size) < 0) size = 0;
+    H5Fclose(f);
+  }
+  return size;
+}
+
+// Element counts come from the file's dataspaces: they are checked against what the file can
+// hold before a vector is sized from them. Attribute data is stored uncompressed (each element
+// at least one byte of the file); dataset chunks may be deflated, and deflate expands at most
+// ~1032:1, so a dataset may hold up to 1100 bytes per file byte (+1 MiB for fill values).
+void check_elements(uint64_t n, uint64_t bytes_per_file_byte, uint64_t slack_bytes, hid_t obj,
+                    const std::string& what) {
+  const uint64_t file_bytes = file_bytes_of(obj);
+  if (n > file_bytes * bytes_per_file_byte + slack_bytes)
+    fail(what, " claims ", n, " elements, more than the file's ", file_bytes, " bytes can hold (corrupt file?)");
+}
+
 AttrValue read_attr(const H5::Attribute& a) {
   const H5::DataSpace space = a.getSpace();
   const bool scalar = space.getSimpleExtentType() == H5S_SCALAR;
   const hssize_t n = space.getSimpleExtentNpoints();
+  check_elements(uint64_t(n), 1, 0, a.getId(), "attribute '" + a.getName() + "'");
+  if (scalar && n != 1) fail("attribute '", a.getName(), "' is a scalar without a value");
   const H5T_class_t cls = a.getTypeClass();
   if (cls == H5T_STRING) {
     H5::StrType t = a.getStrType();
@@ -391,6 +432,7 @@ Dataset read_dataset(const H5::DataSet& in) {
   space.getSimpleExtentDims(dims.data());
   ds.shape.assign(dims.begin(), dims.end());
   const size_t n = size_t(space.getSimpleExtentNpoints());
+  check_elements(n, 1100, 1 << 20, in.getId(), "dataset '" + in.getObjName() + "'");
   const H5T_class_t cls = in.getTypeClass();
   if (cls == H5T_STRING) {
     H5::StrType t = vlen_string_type();
@@ -468,10 +510,64 @@ ResultsFile ResultsFile::create(const fs::path& path, const AttrMap& root_attrs)
   return ResultsFile(path);
 }
 
+namespace {
+
+// libhdf5 1.10 trusts the object sizes inside a global heap collection (where variable-length
+// strings live): a corrupt size makes H5HG_read copy past the collection (found by
+// fuzz_results: a 262,144-byte object in a 4,096-byte collection). Before HDF5 reads the file,
+// every collection ("GCOL", version 1, its size, then objects {u16 index, u16 refcount, u32
+// reserved, length size, data padded to 8}; index 0 is the free space ending it) is checked to
+// hold its objects. Collections are found by their signature, each skipped as a whole once
+// checked (so string data inside one is never taken for a header).
+void check_global_heaps(const fs::path& path) {
+  const MappedFile map = MappedFile::open(path);
+  const auto* d = reinterpret_cast<const unsigned char*>(map.data());
+  const size_t n = map.size();
+  // Size of lengths from a version 0/1 (byte 14) or 2/3 (byte 10) superblock at offset 0.
+  if (n < 16 || std::memcmp(d, "\x89HDF\r\n\x1a\n", 8) != 0) return;
+  const size_t len_size = d[8] <= 1 ? d[14] : d[10];
+  if (len_size != 2 && len_size != 4 && len_size != 8) return;  // HDF5 itself refuses these
+  auto read_len = [&](size_t at) {
+    uint64_t v = 0;
+    for (size_t k = 0; k < len_size; ++k) v |= uint64_t(d[at + k]) << (8 * k);
+    return v;
+  };
+  const size_t header = 8 + len_size;  // signature, version, 3 reserved, collection size
+  for (size_t at = 0; at + header <= n;) {
+    const void* hit = memmem(d + at, n - at, "GCOL", 4);
+    if (!hit) break;
+    const size_t start = size_t(static_cast<const unsigned char*>(hit) - d);
+    if (start + header > n || d[start + 4] != 1 || d[start + 5] || d[start + 6] || d[start + 7]) {
+      at = start + 4;
+      continue;
+    }
+    const uint64_t size = read_len(start + 8);
+    if (size < header || size > n - start) {
+      at = start + 4;  // not a collection this file could hold: HDF5 refuses it on its own
+      continue;
+    }
+    const size_t end = start + size;
+    for (size_t p = start + header; p + 8 + len_size <= end;) {
+      const unsigned index = d[p] | unsigned(d[p + 1]) << 8;
+      if (index == 0) break;  // free space: the rest of the collection
+      const uint64_t bytes = read_len(p + 8);
+      const uint64_t padded = bytes > end ? bytes : (bytes + 7) / 8 * 8;
+      if (padded > end - (p + 8 + len_size))
+        fail(path.string(), ": corrupt HDF5 global heap at byte ", start, ": object ", index, " of ", bytes,
+             " bytes does not fit its ", size, "-byte collection");
+      p += 8 + len_size + padded;
+    }
+    at = end;
+  }
+}
+
+}  // namespace
+
 ResultsFile ResultsFile::open(const fs::path& path) {
   if (!fs::exists(path)) fail(path.string(), ": results file not found");
   return guarded(path, "opening the results file", [&] {
     if (!H5::H5File::isHdf5(path.string())) fail(path.string(), ": not an HDF5 file");
+    check_global_heaps(path);
     H5::H5File f;
     try {
       f = open_file(path, H5F_ACC_RDONLY);

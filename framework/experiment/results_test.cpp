@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -353,5 +354,66 @@ TEST(Report, ReadsSchemaOneCells) {
   fs::remove(path);
 }
 
+
+// Issue 11 (found by fuzz_results): a corrupt file with a valid HDF5 signature made every open
+// retry for kOpenWaitSeconds (2 minutes) as if another process held a lock. Only lock failures
+// are waited for now.
+TEST(Results, CorruptFileFailsAtOnce) {
+  const fs::path path = temp_path("corrupt.h5");
+  {
+    ResultsFile f = ResultsFile::create(path, {{"name", std::string("x")}});
+    f.ensure_run("full", {{"policy_type", std::string("full")}});
+  }
+  std::string bytes;
+  {
+    std::ifstream in(path, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  ASSERT_GT(bytes.size(), 1024u);
+  for (size_t keep : {size_t{600}, bytes.size() / 2, bytes.size() - 16}) {
+    { std::ofstream(path, std::ios::binary | std::ios::trunc).write(bytes.data(), keep); }
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      ResultsFile g = ResultsFile::open(path);
+      (void)g.runs();
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(path.string()), std::string::npos) << e.what();
+    }
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    EXPECT_LT(s, 10.0) << keep << " bytes kept";  // a lock wait would take 120 s
+  }
+  fs::remove_all(path.parent_path());
+}
+
+// fuzz_results: a global heap object claiming 262,144 bytes inside a 4,096-byte collection made
+// libhdf5's H5HG_read copy past the collection (ASan: memcpy-param-overlap) while reading a
+// string attribute. The collections are checked before HDF5 reads the file.
+TEST(Results, CorruptGlobalHeapIsRefusedBeforeHdf5ReadsIt) {
+  const fs::path path = temp_path("heap.h5");
+  { ResultsFile::create(path, {{"name", std::string("a string attribute, stored in the global heap")}}); }
+  std::string bytes;
+  {
+    std::ifstream in(path, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  ASSERT_EQ(ResultsFile::open(path).root_attrs().count("name"), 1u);  // intact: opens
+  const size_t gcol = bytes.find("GCOL");
+  ASSERT_NE(gcol, std::string::npos);
+  // Collection header: "GCOL", version, 3 reserved, u64 size; then object 1: u16 index, u16
+  // refcount, u32 reserved, u64 size (this file's lengths are 8 bytes).
+  const size_t object = gcol + 16;
+  ASSERT_EQ(bytes[object], 1);
+  const uint64_t huge = 1 << 18;
+  std::memcpy(&bytes[object + 8], &huge, 8);
+  { std::ofstream(path, std::ios::binary | std::ios::trunc).write(bytes.data(), bytes.size()); }
+  try {
+    ResultsFile::open(path);
+    ADD_FAILURE() << "corrupt global heap accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("corrupt HDF5 global heap at byte " + std::to_string(gcol)), std::string::npos)
+        << e.what();
+  }
+  fs::remove_all(path.parent_path());
+}
 }  // namespace
 }  // namespace kvlab

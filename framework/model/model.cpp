@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <new>
 #include <numbers>
 #include <set>
 #include <sstream>
@@ -157,15 +158,28 @@ void validate_config(const ModelConfig& c, const std::filesystem::path& file) {
     fail(file.string(), ": n_heads ", c.n_heads, " is not a multiple of n_kv_heads ", c.n_kv_heads);
   }
   if (c.head_dim % 2 != 0) fail(file.string(), ": head_dim ", c.head_dim, " must be even for RoPE");
-  if (!(c.rms_eps > 0)) fail(file.string(), ": rms epsilon must be positive, got ", c.rms_eps);
-  if (!(c.rope_theta > 0)) fail(file.string(), ": rope theta must be positive, got ", c.rope_theta);
+  if (!(c.rms_eps > 0) || !std::isfinite(c.rms_eps))
+    fail(file.string(), ": rms epsilon must be positive and finite, got ", c.rms_eps);
+  if (!(c.rope_theta > 0) || !std::isfinite(c.rope_theta))
+    fail(file.string(), ": rope theta must be positive and finite, got ", c.rope_theta);
   const RopeScaling& s = c.rope_scaling;
   if (s.type != "none" && s.type != "linear" && s.type != "llama3") {
     fail(file.string(), ": unsupported rope scaling type '", s.type, "' (supported: none, linear, llama3)");
   }
-  if (s.type != "none" && !(s.factor > 0)) fail(file.string(), ": rope scaling factor must be positive");
-  if (s.type == "llama3" && c.rope_freq_factors.empty() && !(s.high_freq_factor > s.low_freq_factor)) {
-    fail(file.string(), ": llama3 rope scaling needs high_freq_factor > low_freq_factor");
+  if (s.type != "none" && (!(s.factor > 0) || !std::isfinite(s.factor)))
+    fail(file.string(), ": rope scaling factor must be positive and finite, got ", s.factor);
+  if (s.type == "llama3" && c.rope_freq_factors.empty()) {
+    if (!(s.high_freq_factor > s.low_freq_factor))
+      fail(file.string(), ": llama3 rope scaling needs high_freq_factor > low_freq_factor");
+    if (!(s.low_freq_factor > 0) || !std::isfinite(s.high_freq_factor))
+      fail(file.string(), ": llama3 rope scaling needs finite low_freq_factor > 0 and high_freq_factor, got ",
+           s.low_freq_factor, " and ", s.high_freq_factor);
+    if (s.original_max_position <= 0)
+      fail(file.string(), ": rope scaling original_max_position_embeddings must be positive, got ",
+           s.original_max_position);
+  }
+  for (float f : c.rope_freq_factors) {
+    if (!(f > 0) || !std::isfinite(f)) fail(file.string(), ": rope_freqs holds ", f, " (expected positive, finite factors)");
   }
   if (!c.rope_freq_factors.empty() && static_cast<int>(c.rope_freq_factors.size()) != c.head_dim / 2) {
     fail(file.string(), ": rope_freqs has ", c.rope_freq_factors.size(), " entries, expected head_dim/2 = ",
@@ -200,11 +214,24 @@ struct Builder {
     }
   }
 
+  // The tensor's data, or an aligned copy of it: a file may place a tensor at any byte offset
+  // (a safetensors header of odd length, GGUF general.alignment = 1), and the kernels load
+  // float / uint16 values directly.
+  const void* aligned_data(const RawTensor& t, int64_t n_elements) {
+    const size_t align = t.dtype == DType::kF32 ? alignof(float) : alignof(uint16_t);
+    if (reinterpret_cast<uintptr_t>(t.data) % align == 0) return t.data;
+    const size_t bytes = dtype_bytes(t.dtype, n_elements);
+    auto copy = std::shared_ptr<std::byte[]>(new std::byte[bytes]);  // new[] aligns for any scalar
+    std::memcpy(copy.get(), t.data, bytes);
+    model.storage.push_back(std::shared_ptr<const void>(copy, copy.get()));
+    return copy.get();
+  }
+
   WeightView matrix(const std::string& name, int64_t rows, int64_t cols) {
     const RawTensor& t = get(name);
     check_shape(name, t, {rows, cols});
     stored.insert(dtype_name(t.dtype));
-    WeightView w{t.dtype, rows, cols, t.data};
+    WeightView w{t.dtype, rows, cols, aligned_data(t, rows * cols)};
     if (keep || t.dtype == target) return w;
     if (target == DType::kQ8_0 && cols % kQ8_0BlockSize != 0) {
       fail(t.file.string(), ": tensor '", name, "' has ", cols,
@@ -236,7 +263,7 @@ struct Builder {
     const RawTensor& t = get(name);
     check_shape(name, t, {n});
     std::vector<float> out(static_cast<size_t>(n));
-    to_float(t.dtype, t.data, out.data(), n);
+    to_float(t.dtype, aligned_data(t, n), out.data(), n);
     return out;
   }
 };
@@ -254,6 +281,33 @@ void build_weights(Model& model, const TensorTable& table, const TensorNames& na
   }
   const int64_t q_dim = static_cast<int64_t>(c.n_heads) * c.head_dim;
   const int64_t kv_dim = static_cast<int64_t>(c.n_kv_heads) * c.head_dim;
+  // First every tensor the config names is looked up and its shape checked, allocating nothing:
+  // a corrupt count (block_count = 67,108,865 from one flipped bit) fails at its first missing
+  // tensor instead of sizing per-layer tables (and converted copies) from the header.
+  auto expect = [&](const std::string& name, const std::vector<int64_t>& shape) {
+    b.check_shape(name, b.get(name), shape);
+  };
+  expect(names.tok_embeddings, {c.vocab_size, c.dim});
+  for (int i = 0; i < c.n_layers; ++i) {
+    auto name = [&](const char* part) { return names.layer(i, part); };
+    expect(name("attn_norm"), {c.dim});
+    expect(name("wq"), {q_dim, c.dim});
+    expect(name("wk"), {kv_dim, c.dim});
+    expect(name("wv"), {kv_dim, c.dim});
+    expect(name("wo"), {c.dim, q_dim});
+    if (c.qkv_bias) {
+      expect(name("bq"), {q_dim});
+      expect(name("bk"), {kv_dim});
+      expect(name("bv"), {kv_dim});
+    }
+    expect(name("ffn_norm"), {c.dim});
+    expect(name("w_gate"), {c.hidden_dim, c.dim});
+    expect(name("w_up"), {c.hidden_dim, c.dim});
+    expect(name("w_down"), {c.dim, c.hidden_dim});
+  }
+  expect(names.final_norm, {c.dim});
+  if (!c.tied_embeddings) expect(names.lm_head, {c.vocab_size, c.dim});
+
   model.tok_embeddings = b.matrix(names.tok_embeddings, c.vocab_size, c.dim);
   model.layers.resize(c.n_layers);
   for (int i = 0; i < c.n_layers; ++i) {
@@ -322,7 +376,9 @@ bool has_gguf_magic(const std::filesystem::path& path) {
 
 }  // namespace
 
-std::unique_ptr<Model> load_model(const std::filesystem::path& path, const LoadOptions& opts) {
+namespace {
+
+std::unique_ptr<Model> load_model_unguarded(const std::filesystem::path& path, const LoadOptions& opts) {
   namespace fs = std::filesystem;
   auto model = std::make_unique<Model>();
   model->path = path;
@@ -354,6 +410,20 @@ std::unique_ptr<Model> load_model(const std::filesystem::path& path, const LoadO
   model->format = "llama2c";
   detail::load_llama2c(*model, path, opts);
   return model;
+}
+
+}  // namespace
+
+std::unique_ptr<Model> load_model(const std::filesystem::path& path, const LoadOptions& opts) {
+  // Sizes are checked against the files before allocating, so running out of memory here means
+  // a model too large for this machine (or a bound still missing): one error naming the file.
+  try {
+    return load_model_unguarded(path, opts);
+  } catch (const std::bad_alloc&) {
+    fail(path.string(), ": out of memory while loading the model (weight dtype ", opts.weight_dtype, ")");
+  } catch (const std::filesystem::filesystem_error& e) {
+    fail(path.string(), ": ", e.code().message(), " (", e.path1().string(), ")");
+  }
 }
 
 }  // namespace kvlab

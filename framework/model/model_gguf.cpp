@@ -7,6 +7,9 @@
 // Llama-3 scaling is the tensor rope_freqs.weight [head_dim/2] (per-pair frequency divisors).
 // Tensor names: token_embd, output_norm, output (absent = tied), blk.N.{attn_norm, attn_q, attn_k,
 // attn_v, attn_output, attn_{q,k,v}.bias, ffn_norm, ffn_gate, ffn_up, ffn_down}.
+#include <cstring>
+#include <vector>
+
 #include "framework/core/error.h"
 #include "framework/model/gguf.h"
 #include "framework/model/model_loader.h"
@@ -98,7 +101,11 @@ void load_gguf(Model& model, const std::filesystem::path& path, const LoadOption
     c.rope_scaling.factor = static_cast<float>(s->as_float());
   }
   if (const GgufValue* o = f.find(arch + ".rope.scaling.original_context_length")) {
-    c.rope_scaling.original_max_position = static_cast<int>(o->as_int());
+    const int64_t n = o->as_int();
+    if (n <= 0 || n > (int64_t{1} << 31) - 1) {
+      fail(p, ": key '", arch, ".rope.scaling.original_context_length' = ", n, " is out of range");
+    }
+    c.rope_scaling.original_max_position = static_cast<int>(n);
   }
 
   TensorTable table;
@@ -117,7 +124,10 @@ void load_gguf(Model& model, const std::filesystem::path& path, const LoadOption
            c.head_dim / 2, "]");
     }
     c.rope_freq_factors.resize(c.head_dim / 2);
-    to_float(freqs->dtype, freqs->data, c.rope_freq_factors.data(), c.head_dim / 2);
+    // (copied first: with general.alignment = 1 the tensor may sit at an odd offset)
+    std::vector<std::byte> raw(dtype_bytes(freqs->dtype, c.head_dim / 2));
+    std::memcpy(raw.data(), freqs->data, raw.size());
+    to_float(freqs->dtype, raw.data(), c.rope_freq_factors.data(), c.head_dim / 2);
     c.rope_scaling.type = "llama3";
     float max_factor = 1;
     for (float x : c.rope_freq_factors) max_factor = std::max(max_factor, x);
@@ -128,6 +138,9 @@ void load_gguf(Model& model, const std::filesystem::path& path, const LoadOption
   if (emb == nullptr) fail(p, ": missing tensor 'token_embd.weight'");
   if (emb->shape.size() != 2) {
     fail(p, ": tensor 'token_embd.weight' has shape ", shape_string(emb->shape), ", expected [vocab, ", c.dim, "]");
+  }
+  if (emb->shape[0] > (int64_t{1} << 31) - 1) {
+    fail(p, ": tensor 'token_embd.weight' has ", emb->shape[0], " rows, more than a vocabulary can have");
   }
   c.vocab_size = static_cast<int>(emb->shape[0]);
   if (const GgufValue* v = f.find(arch + ".vocab_size"); v && v->as_int() != c.vocab_size) {

@@ -8,7 +8,9 @@
 //     qwen2 always has q/k/v biases), sliding_window (Mistral, informative).
 //   weights: model.safetensors, or shards named by model.safetensors.index.json's weight_map.
 // HF stores Q/K for rotate-half RoPE: rope_style = kNeox.
+#include <cmath>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <set>
 
@@ -41,21 +43,41 @@ struct ConfigReader {
     auto it = j.find(key);
     return it == j.end() || it->is_null() ? nullptr : &*it;
   }
-  int get_int(const char* key) const {
-    const json* v = find(key);
+  // A positive integer below 2^31. Integral floats (8192.0, as some exporters write) are
+  // accepted; anything else, or out of range, names the key.
+  int get_int(const char* key, const json* obj = nullptr) const {
+    const json* v = obj ? find_in(*obj, key) : find(key);
     if (v == nullptr) fail(file, ": missing key '", key, "'");
+    constexpr int64_t kMax = (int64_t{1} << 31) - 1;
+    if (v->is_number_float()) {
+      const double d = v->get<double>();
+      if (!(d >= 1 && d <= double(kMax)) || d != std::floor(d))
+        fail(file, ": key '", key, "' = ", v->dump(), ": expected a positive integer below 2^31");
+      return static_cast<int>(d);
+    }
     if (!v->is_number_integer()) fail(file, ": key '", key, "': expected an integer, got ", v->dump());
+    if (v->is_number_unsigned() && v->get<uint64_t>() > uint64_t(kMax))
+      fail(file, ": key '", key, "' = ", v->dump(), " is out of range");
     const int64_t x = v->get<int64_t>();
-    if (x <= 0 || x > (int64_t{1} << 31) - 1) fail(file, ": key '", key, "' = ", x, " is out of range");
+    if (x <= 0 || x > kMax) fail(file, ": key '", key, "' = ", x, " is out of range");
     return static_cast<int>(x);
   }
-  int get_int_or(const char* key, int fallback) const { return find(key) ? get_int(key) : fallback; }
+  int get_int_or(const char* key, int fallback, const json* obj = nullptr) const {
+    return (obj ? find_in(*obj, key) : find(key)) ? get_int(key, obj) : fallback;
+  }
+  static const json* find_in(const json& o, const char* key) {
+    auto it = o.find(key);
+    return it == o.end() || it->is_null() ? nullptr : &*it;
+  }
   float get_float_or(const char* key, float fallback, const json* obj = nullptr) const {
     const json& src = obj ? *obj : j;
     auto it = src.find(key);
     if (it == src.end() || it->is_null()) return fallback;
     if (!it->is_number()) fail(file, ": key '", key, "': expected a number, got ", it->dump());
-    return it->get<float>();
+    const double d = it->get<double>();
+    if (!std::isfinite(d) || std::fabs(d) > std::numeric_limits<float>::max())
+      fail(file, ": key '", key, "' = ", it->dump(), ": expected a finite float32 number");
+    return static_cast<float>(d);
   }
   bool get_bool_or(const char* key, bool fallback) const {
     const json* v = find(key);
@@ -104,8 +126,10 @@ void load_hf(Model& model, const std::filesystem::path& dir, const LoadOptions& 
   c.rope_theta = r.get_float_or("rope_theta", 10000.f);
   c.rms_eps = r.get_float_or("rms_norm_eps", 1e-6f);
   c.tied_embeddings = r.get_bool_or("tie_word_embeddings", false);
+  // Informative only: an integer outside [1, 2^31) reads as "none".
   if (const json* sw = r.find("sliding_window"); sw && sw->is_number_integer()) {
-    c.sliding_window = sw->get<int>();
+    const double w = sw->get<double>();
+    if (w >= 1 && w < 2147483648.0) c.sliding_window = static_cast<int>(w);
   }
   if (c.arch == "qwen2") {
     c.qkv_bias = true;
@@ -134,7 +158,7 @@ void load_hf(Model& model, const std::filesystem::path& dir, const LoadOptions& 
     s.factor = r.get_float_or("factor", 1.f, rs);
     s.low_freq_factor = r.get_float_or("low_freq_factor", 1.f, rs);
     s.high_freq_factor = r.get_float_or("high_freq_factor", 4.f, rs);
-    s.original_max_position = static_cast<int>(r.get_float_or("original_max_position_embeddings", 8192.f, rs));
+    s.original_max_position = r.get_int_or("original_max_position_embeddings", 8192, rs);
   }
 
   // Weight files: one model.safetensors, or the shards of an index.

@@ -90,16 +90,25 @@ void load_llama2c(Model& model, const std::filesystem::path& path, const LoadOpt
       {"w1", hidden, dim, n_layers},           {"w2", dim, hidden, n_layers},
       {"w3", hidden, dim, n_layers},           {"wcls", shared ? 0 : vocab, dim, 1}};
   const std::vector<Block>& blocks = version == 1 ? blocks_v1 : blocks_v0;
-  int64_t expected_floats = 0;
-  for (const Block& b : blocks) expected_floats += b.rows * b.cols * b.count;
-  const uint64_t expected_bytes = header_bytes + static_cast<uint64_t>(expected_floats) * 4;
-  if (map->size() != expected_bytes) {
-    const bool short_file = map->size() < expected_bytes;
+  // Each value is at most 2^24, so a block's rows * cols * count can reach 2^72: the sum is
+  // accumulated with overflow checks and stops as soon as it passes what the file holds (nothing
+  // is allocated or mapped from the header before this check).
+  auto size_error = [&](bool short_file, const std::string& needs) {
     fail(p, ": ", short_file ? "truncated" : "size mismatch", ": llama2.c v", version, " header (dim=", dim,
          " hidden_dim=", hidden, " n_layers=", n_layers, " n_heads=", n_heads, " n_kv_heads=", n_kv,
-         " vocab_size=", h[5], " seq_len=", seq_len, ") needs ", expected_bytes, " bytes, file has ",
-         map->size());
+         " vocab_size=", h[5], " seq_len=", seq_len, ") needs ", needs, " bytes, file has ", map->size());
+  };
+  const int64_t file_floats = static_cast<int64_t>((map->size() - header_bytes) / 4);
+  int64_t expected_floats = 0;
+  for (const Block& b : blocks) {
+    int64_t floats = 0;
+    if (__builtin_mul_overflow(b.rows, b.cols, &floats) || __builtin_mul_overflow(floats, b.count, &floats) ||
+        __builtin_add_overflow(expected_floats, floats, &expected_floats) || expected_floats > file_floats) {
+      size_error(true, str_cat("more than ", map->size(), " (at block ", b.name, ")"));
+    }
   }
+  const uint64_t expected_bytes = header_bytes + static_cast<uint64_t>(expected_floats) * 4;
+  if (map->size() != expected_bytes) size_error(map->size() < expected_bytes, std::to_string(expected_bytes));
 
   ModelConfig& c = model.config;
   c.arch = "llama";

@@ -6,7 +6,10 @@
 
 #include <gtest/gtest.h>
 
+#include <sys/resource.h>
+
 #include <cmath>
+#include <cstring>
 #include <cstdlib>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -459,5 +462,136 @@ TEST(BadInput, QuantizingOddColumnsIsRefused) {
   }
 }
 
+
+// ----- resource limits (issue 11): sizes read from a file are checked before anything is
+// allocated. Each case replays a fuzzer finding.
+
+// Peak resident set size of this process in MiB (Linux reports ru_maxrss in KiB).
+double peak_rss_mib() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_maxrss / 1024.0;
+}
+
+TEST(ResourceLimits, Llama2cHeaderProductsThatOverflowInt64AreTruncated) {
+  // 36-byte files whose header values are each within 2^24 but whose block sizes multiply past
+  // int64 (hidden * dim * n_layers = 2^72): they passed the size check through wrapped sums and
+  // then segfaulted, hung building tensor tables, or reported a wrapped byte count.
+  struct Header { int32_t dim, hidden, n_layers, n_heads, n_kv, vocab, seq_len; };
+  const int32_t big = 1 << 24;
+  for (const Header& h : {Header{big, big, big, 1 << 20, 1 << 20, big, big},
+                          Header{big, big, big, 1 << 22, 1 << 22, -big, big},
+                          Header{1 << 16, big, big, 1 << 10, 1 << 10, 1 << 10, 1},
+                          Header{2, big, big, 1, 1, 1, 1}}) {
+    std::string bytes(sizeof h, '\0');
+    std::memcpy(bytes.data(), &h, sizeof h);
+    bytes += std::string(8, '\0');
+    const fs::path p = scratch("overflow.bin");
+    write_bytes(p, bytes);
+    expect_error(p, {p.string(), "truncated", "needs more than 36"});
+  }
+  // The same in a version 1 header.
+  std::string v1(256, '\0');
+  const uint32_t magic = 0x616b3432;
+  const int32_t version = 1;
+  const int32_t header[7] = {big, big, big, 1 << 20, 1 << 20, big, big};
+  std::memcpy(v1.data(), &magic, 4);
+  std::memcpy(v1.data() + 4, &version, 4);
+  std::memcpy(v1.data() + 8, header, sizeof header);
+  const fs::path p = scratch("overflow_v1.bin");
+  write_bytes(p, v1);
+  expect_error(p, {p.string(), "truncated", "needs more than 256"});
+}
+
+TEST(ResourceLimits, GgufBlockCountBitFlipFailsAtTheFirstMissingTensor) {
+  // One flipped bit: llama.block_count 2 -> 67,108,866 (0x04000002). Before, build_weights sized
+  // 67M layer tables (~21.5 GiB) before looking at a tensor.
+  std::string bytes = read_bytes(fixtures_dir() / kSmall / "model.gguf");
+  const std::string key = "llama.block_count";
+  const size_t at = bytes.find(key);
+  ASSERT_NE(at, std::string::npos);
+  const size_t value = at + key.size() + 4;  // after the key: u32 type (UINT32), then the value
+  uint32_t layers = 0;
+  std::memcpy(&layers, &bytes[value], 4);
+  ASSERT_EQ(layers, 2u);
+  layers |= 1u << 26;
+  std::memcpy(&bytes[value], &layers, 4);
+  const fs::path p = scratch("block_count.gguf");
+  write_bytes(p, bytes);
+  const double rss_before = peak_rss_mib();
+  expect_error(p, {p.string(), "missing tensor 'blk.2.attn_norm.weight'", "67108866 layers"});
+  // The fixture is 0.4 MiB; 64 MiB of headroom covers the allocator, not a per-layer table.
+  EXPECT_LT(peak_rss_mib() - rss_before, 64.0);
+}
+
+TEST(ResourceLimits, HfConfigNumbersOutOfRangeNameTheKey) {
+  // original_max_position_embeddings: 1e12 was an undefined float -> int conversion (exit 0).
+  expect_error(hf_with_config("hf_rope_pos", [](json& c) {
+                 c["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0},
+                                      {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 1e12}};
+               }),
+               {"config.json", "'original_max_position_embeddings' = 1000000000000.0",
+                "expected a positive integer below 2^31"});
+  // An integral float is an integer (some exporters write 8192.0).
+  {
+    const fs::path dir = hf_with_config("hf_rope_pos_ok", [](json& c) {
+      c["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0},
+                           {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 8192.0}};
+    });
+    EXPECT_EQ(load(dir)->config.rope_scaling.original_max_position, 8192);
+  }
+  expect_error(hf_with_config("hf_theta", [](json& c) { c["rope_theta"] = 1e39; }),
+               {"config.json", "'rope_theta'", "expected a finite float32 number"});
+  expect_error(hf_with_config("hf_layers_u64", [](json& c) { c["num_hidden_layers"] = uint64_t{1} << 63; }),
+               {"config.json", "'num_hidden_layers'", "out of range"});
+}
+
+TEST(ResourceLimits, SafetensorsHeaderNumberOutOfRangeIsAnError) {
+  // 1e400 made nlohmann throw out_of_range, which escaped (only parse_error was caught).
+  const fs::path dir = scratch("hf_1e400");
+  fs::create_directories(dir);
+  fs::copy_file(fixtures_dir() / kSmall / "hf/config.json", dir / "config.json", fs::copy_options::overwrite_existing);
+  const std::string header = R"({"model.norm.weight": {"dtype": "F32", "shape": [1e400], "data_offsets": [0, 4]}})";
+  std::string file(8, '\0');
+  const uint64_t n = header.size();
+  std::memcpy(file.data(), &n, 8);
+  write_bytes(dir / "model.safetensors", file + header + std::string(4, '\0'));
+  expect_error(dir, {"model.safetensors", "header is not valid JSON"});
+  // A shape whose dimensions multiply past int64 before the 2^50 check.
+  const std::string wide = R"({"t": {"dtype": "F32", "shape": [1099511627776, 1099511627776, 1099511627776], "data_offsets": [0, 4]}})";
+  const uint64_t m = wide.size();
+  std::memcpy(file.data(), &m, 8);
+  write_bytes(dir / "model.safetensors", file + wide + std::string(4, '\0'));
+  expect_error(dir, {"model.safetensors", "tensor 't': bad shape"});
+}
+
+TEST(ResourceLimits, OverlongPathComponentIsAnErrorNamingThePath) {
+  const fs::path p = fixtures_dir() / (std::string(300, 'x') + ".bin");
+  expect_error(p, {std::string(300, 'x')});
+  const fs::path dir = fixtures_dir() / std::string(300, 'y') / "model.gguf";
+  expect_error(dir, {std::string(300, 'y')});
+}
+
+TEST(ResourceLimits, MisalignedTensorDataIsCopiedNotReadInPlace) {
+  // fuzz_hf: a header of odd length put every tensor at an odd address, and the F32/BF16 reads
+  // were misaligned (UBSan). Such a file is valid; the loader copies those tensors.
+  const fs::path src = fixtures_dir() / kSmall / "hf";
+  const fs::path dir = scratch("hf_misaligned");
+  fs::create_directories(dir);
+  fs::copy_file(src / "config.json", dir / "config.json", fs::copy_options::overwrite_existing);
+  std::string st = read_bytes(src / "model.safetensors");
+  uint64_t n = 0;
+  std::memcpy(&n, st.data(), 8);
+  st.insert(8 + n, " ");  // JSON allows the trailing space; the data start moves by one byte
+  ++n;
+  std::memcpy(st.data(), &n, 8);
+  write_bytes(dir / "model.safetensors", st);
+  const auto shifted = load(dir);
+  const auto original = load(src);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(shifted->layers[0].wq.data) % alignof(float), 0u);
+  EXPECT_EQ(weight_to_float(shifted->layers[0].wq), weight_to_float(original->layers[0].wq));
+  EXPECT_EQ(weight_to_float(shifted->lm_head), weight_to_float(original->lm_head));
+  EXPECT_EQ(shifted->final_norm, original->final_norm);
+}
 }  // namespace
 }  // namespace kvlab

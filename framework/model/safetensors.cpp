@@ -24,7 +24,7 @@ SafetensorsFile SafetensorsFile::open(const std::filesystem::path& path) {
   json j;
   try {
     j = json::parse(header, header + header_bytes);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, or out_of_range for a number like 1e400
     fail(p, ": not a safetensors file: header is not valid JSON (", e.what(), ")");
   }
   if (!j.is_object()) fail(p, ": safetensors header is not a JSON object");
@@ -60,8 +60,10 @@ SafetensorsFile SafetensorsFile::open(const std::filesystem::path& path) {
         fail(p, ": ", what, ": bad shape ", shape.dump());
       }
       t.shape.push_back(d.get<int64_t>());
+      // Checked before multiplying: each dimension is at most 2^40, the product at most 2^50.
+      if (t.shape.back() > 0 && n_elements > (int64_t{1} << 50) / t.shape.back())
+        fail(p, ": ", what, ": bad shape ", shape.dump());
       n_elements *= t.shape.back();
-      if (n_elements > (int64_t{1} << 50)) fail(p, ": ", what, ": bad shape ", shape.dump());
     }
     const json& off = entry["data_offsets"];
     if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() || !off[1].is_number_unsigned()) {

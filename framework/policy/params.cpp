@@ -1,6 +1,7 @@
 #include "framework/policy/params.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdlib>
 #include <sstream>
@@ -22,8 +23,10 @@ const char* to_string(ParamType t) {
 
 namespace {
 
-// Coerces `v` to the spec's type or returns nullopt. An int is a valid float; a float with an
-// integral value is a valid int.
+// Coerces `v` to the spec's type or returns nullopt. An int is a valid float; a float is never
+// a valid int (1e3 or 256.0 for a count is refused, naming the form an int takes); floats must be
+// finite (no parameter gives NaN or infinity a meaning, and both would reach integer conversions
+// in the policies: heavy=inf).
 std::optional<ParamValue> coerce(const ParamValue& v, ParamType t) {
   switch (t) {
     case ParamType::kBool:
@@ -31,10 +34,9 @@ std::optional<ParamValue> coerce(const ParamValue& v, ParamType t) {
       return std::nullopt;
     case ParamType::kInt:
       if (auto* i = std::get_if<int64_t>(&v)) return *i;
-      if (auto* d = std::get_if<double>(&v); d && std::floor(*d) == *d) return int64_t(*d);
       return std::nullopt;
     case ParamType::kFloat:
-      if (auto* d = std::get_if<double>(&v)) return *d;
+      if (auto* d = std::get_if<double>(&v); d && std::isfinite(*d)) return *d;
       if (auto* i = std::get_if<int64_t>(&v)) return double(*i);
       return std::nullopt;
     case ParamType::kString:
@@ -42,6 +44,17 @@ std::optional<ParamValue> coerce(const ParamValue& v, ParamType t) {
       return std::nullopt;
   }
   return std::nullopt;
+}
+
+// The accepted spelling of each type, for error messages.
+const char* accepted_form(ParamType t) {
+  switch (t) {
+    case ParamType::kBool: return "true or false";
+    case ParamType::kInt: return "decimal digits with an optional sign, within int64, e.g. 256";
+    case ParamType::kFloat: return "a finite decimal number, e.g. 0.25 or 1e-3";
+    case ParamType::kString: return "text";
+  }
+  return "?";
 }
 
 }  // namespace
@@ -60,14 +73,40 @@ std::string to_string(const ParamValue& value) {
 ParamValue parse_param_text(const std::string& text) {
   if (text == "true") return true;
   if (text == "false") return false;
-  if (!text.empty()) {
-    char* end = nullptr;
-    const long long i = std::strtoll(text.c_str(), &end, 10);
-    if (*end == '\0') return int64_t(i);
-    const double d = std::strtod(text.c_str(), &end);
-    if (*end == '\0') return d;
+  // int: [+-]digits that fit int64. float: [+-]digits[.digits][(e|E)[+-]digits] (at least one
+  // digit before the exponent), finite. Anything else stays text, so that a numeric parameter
+  // refuses it by name: 0x10, nan, inf, 1e400, 1_000, " 5".
+  const size_t n = text.size();
+  const auto digits = [&](size_t& i) {
+    const size_t start = i;
+    while (i < n && text[i] >= '0' && text[i] <= '9') ++i;
+    return i - start;
+  };
+  size_t i = 0;
+  if (i < n && (text[i] == '+' || text[i] == '-')) ++i;
+  const size_t int_digits = digits(i);
+  if (int_digits > 0 && i == n) {
+    errno = 0;
+    const long long v = std::strtoll(text.c_str(), nullptr, 10);
+    if (errno != ERANGE) return int64_t(v);
+    // past int64: a float (an int parameter refuses it)
+  } else {
+    size_t frac_digits = 0;
+    if (i < n && text[i] == '.') {
+      ++i;
+      frac_digits = digits(i);
+    }
+    if (int_digits + frac_digits == 0) return text;
+    if (i < n && (text[i] == 'e' || text[i] == 'E')) {
+      ++i;
+      if (i < n && (text[i] == '+' || text[i] == '-')) ++i;
+      if (digits(i) == 0) return text;
+    }
+    if (i != n) return text;
   }
-  return text;
+  const double d = std::strtod(text.c_str(), nullptr);
+  if (!std::isfinite(d)) return text;
+  return d;
 }
 
 ParamValues validate_params(const std::string& policy_name, const ParamSpecs& specs,
@@ -89,8 +128,15 @@ ParamValues validate_params(const std::string& policy_name, const ParamSpecs& sp
     }
     auto coerced = coerce(value, spec->type);
     if (!coerced)
-      fail(context, ".", key, ": policy '", policy_name, "' expects ", to_string(spec->type),
-           ", got '", to_string(value), "'");
+      fail(context, ".", key, ": policy '", policy_name, "' expects ", to_string(spec->type), " (",
+           accepted_form(spec->type), "), got ", std::holds_alternative<std::string>(value) ? "'" : "",
+           to_string(value), std::holds_alternative<std::string>(value) ? "'" : "",
+           std::holds_alternative<double>(value) ? " (a float)" : "");
+    // Ints stay within +-2^53: exact in the double range check below, and far from int64
+    // overflow when a policy adds a few of them (sinks + recent + keep).
+    constexpr int64_t kMaxInt = int64_t{1} << 53;
+    if (auto* i = std::get_if<int64_t>(&*coerced); i && (*i > kMaxInt || *i < -kMaxInt))
+      fail(context, ".", key, ": policy '", policy_name, "' expects an int within +-2^53, got ", *i);
     if (spec->type == ParamType::kInt || spec->type == ParamType::kFloat) {
       const double x = spec->type == ParamType::kInt ? double(std::get<int64_t>(*coerced))
                                                      : std::get<double>(*coerced);

@@ -7,6 +7,8 @@
 #include <fstream>
 #include <sstream>
 
+#include <cmath>
+
 #include "framework/core/error.h"
 #include "framework/core/error_testing.h"
 #include "framework/policy/plugin.h"
@@ -121,5 +123,47 @@ TEST(PolicyPlugin, VersionMismatchNamesBothVersions) {
   EXPECT_TRUE(r.names().empty());
 }
 
+
+// Issue 11: numeric parameters take one spelling each and never reach an integer conversion
+// with NaN, infinity or a value past int64.
+TEST(PolicyParams, TextFormsOfNumbers) {
+  EXPECT_EQ(std::get<int64_t>(parse_param_text("256")), 256);
+  EXPECT_EQ(std::get<int64_t>(parse_param_text("-3")), -3);
+  EXPECT_EQ(std::get<double>(parse_param_text("0.25")), 0.25);
+  EXPECT_EQ(std::get<double>(parse_param_text("1e3")), 1000.0);
+  EXPECT_EQ(std::get<double>(parse_param_text(".5")), 0.5);
+  EXPECT_EQ(std::get<double>(parse_param_text("9223372036854775808")), 9223372036854775808.0);  // past int64
+  for (const char* text : {"nan", "NaN", "inf", "-inf", "infinity", "1e400", "0x10", "0x1p3", "1_000",
+                           " 5", "5 ", "1e", ".", "+", "--1", ".inf", ".nan"})
+    EXPECT_TRUE(std::holds_alternative<std::string>(parse_param_text(text))) << text;
+}
+
+TEST(PolicyParams, NonFiniteFloatsAndNonDecimalIntsAreRefusedNamingTheForm) {
+  PolicyRegistry r = make_builtin_registry();
+  for (const char* text : {"nan", "inf", "1e400"}) {
+    const std::string e = error_of(
+        [&] { r.create("h2o", {{"heavy", parse_param_text(text)}}, kShape, "policies[0].params"); });
+    EXPECT_NE(e.find("policies[0].params.heavy: policy 'h2o' expects float (a finite decimal number"),
+              std::string::npos) << text << ": " << e;
+  }
+  // A NaN or infinity given as a value (plugins, code) is refused the same way.
+  for (double x : {std::nan(""), HUGE_VAL}) {
+    const std::string e = error_of([&] { r.create("h2o", {{"heavy", x}}, kShape, "p"); });
+    EXPECT_NE(e.find("p.heavy: policy 'h2o' expects float"), std::string::npos) << e;
+  }
+  for (const char* text : {"0x10", "1e3", "256.0", "9223372036854775808", "99999999999999999999"}) {
+    const std::string e = error_of(
+        [&] { r.create("sliding_window", {{"window", parse_param_text(text)}}, kShape, "policies[1].params"); });
+    EXPECT_NE(e.find("policies[1].params.window: policy 'sliding_window' expects int (decimal digits"),
+              std::string::npos) << text << ": " << e;
+  }
+  const std::string big = error_of(
+      [&] { r.create("sinks", {{"sinks", int64_t{1} << 60}}, kShape, "policies[2].params"); });
+  EXPECT_NE(big.find("policies[2].params.sinks: policy 'sinks' expects an int within +-2^53"), std::string::npos) << big;
+  // Huge but finite budgets saturate instead of overflowing (they keep every token).
+  EXPECT_NE(r.create("h2o", {{"heavy", 1e300}, {"recent", 1e300}}, kShape), nullptr);
+  EXPECT_NE(r.create("h2o", {{"heavy", 1e300}, {"recent", 1e300}, {"units", std::string("tokens")}}, kShape),
+            nullptr);
+}
 }  // namespace
 }  // namespace kvlab

@@ -21,6 +21,9 @@ BpeTokenizer::BpeTokenizer(BpeVocab vocab, const std::string& source)
   size_t n = vocab.tokens.size();
   for (const BpeAddedToken& t : vocab.added) {
     if (t.id < 0) fail(source, ": added token '", t.content, "' has negative id ", t.id);
+    // The loaders bound ids by what their file lists; this is the last line against a table
+    // sized from one number.
+    if (t.id > (1 << 24)) fail(source, ": added token '", t.content, "' has id ", t.id, ", above 2^24");
     n = std::max(n, static_cast<size_t>(t.id) + 1);
   }
   if (n == 0) fail(source, ": empty vocabulary");

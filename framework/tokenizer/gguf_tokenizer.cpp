@@ -15,6 +15,8 @@
 //   tokenizer.ggml.add_space_prefix (llama; default true)
 #include <algorithm>
 
+#include <cstdint>
+
 #include "framework/core/error.h"
 #include "framework/model/gguf.h"
 #include "framework/tokenizer/bpe_tokenizer.h"
@@ -37,9 +39,15 @@ constexpr std::string_view kKeyPad = "tokenizer.ggml.padding_token_id";
 constexpr std::string_view kKeyAddBos = "tokenizer.ggml.add_bos_token";
 constexpr std::string_view kKeyAddSpacePrefix = "tokenizer.ggml.add_space_prefix";
 
+// A token id key; values outside int32 are refused here (the callers check the vocabulary
+// range) rather than wrapped into some valid-looking id.
 int32_t optional_id(const GgufFile& gguf, std::string_view key, int32_t fallback) {
   const GgufValue* v = gguf.find(key);
-  return v ? static_cast<int32_t>(v->as_int()) : fallback;
+  if (!v) return fallback;
+  const int64_t id = v->as_int();
+  if (id < -1 || id > INT32_MAX)
+    fail(gguf.path().string(), ": key '", key, "' = ", id, " is not a token id");
+  return static_cast<int32_t>(id);
 }
 bool optional_bool(const GgufFile& gguf, std::string_view key, bool fallback) {
   const GgufValue* v = gguf.find(key);

@@ -1,5 +1,6 @@
 #include "framework/tokenizer/hf_tokenizer_json.h"
 
+#include <algorithm>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -40,6 +41,7 @@ class TokenizerJsonReader {
     if (!root.is_object()) bad("", "a JSON object at the top level");
     read_model(field(root, "model", "model"));
     if (root.contains("added_tokens")) read_added(root["added_tokens"]);
+    place_tokens();
     if (root.contains("normalizer") && !root["normalizer"].is_null())
       read_normalizer(root["normalizer"], "normalizer");
     if (!root.contains("pre_tokenizer") || root["pre_tokenizer"].is_null())
@@ -77,9 +79,7 @@ class TokenizerJsonReader {
     for (const auto& [token, id] : vocab.items()) {
       if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > (1 << 24))
         bad("model.vocab[\"" + token + "\"]", "an id in [0, 2^24]");
-      const size_t i = id.get<size_t>();
-      if (vocab_.tokens.size() <= i) vocab_.tokens.resize(i + 1);
-      vocab_.tokens[i] = token;
+      listed_.emplace_back(id.get<size_t>(), token);
     }
     const Json& merges = field(model, "merges", "model.merges");
     if (!merges.is_array()) bad("model.merges", "an array");
@@ -107,14 +107,38 @@ class TokenizerJsonReader {
     for (size_t k = 0; k < added.size(); ++k) {
       const std::string key = "added_tokens[" + std::to_string(k) + "]";
       const Json& t = added[k];
-      if (!t.is_object() || !t.contains("id") || !t["id"].is_number_integer() || t["id"].get<int64_t>() < 0)
-        bad(key + ".id", "a non-negative integer");
+      if (!t.is_object() || !t.contains("id") || !t["id"].is_number_integer() || t["id"].get<int64_t>() < 0 ||
+          t["id"].get<int64_t>() > (1 << 24))
+        bad(key + ".id", "an id in [0, 2^24]");
       BpeAddedToken token;
       token.id = t["id"].get<int32_t>();
       token.content = string_at(t, "content", key + ".content");
       token.special = t.value("special", false);
       vocab_.added.push_back(std::move(token));
     }
+  }
+
+  // The id -> token table is dense, sized by the largest id. So that one corrupt id cannot size
+  // it (2147483647 would ask for 64 GiB), every id must be below 2 x the number of tokens the
+  // file lists (model.vocab and added_tokens) + 256; real vocabularies have no gaps at all.
+  void place_tokens() {
+    const size_t limit = 2 * (listed_.size() + vocab_.added.size()) + 256;
+    size_t n = 0;
+    for (const auto& [id, token] : listed_) {
+      if (id >= limit)
+        bad("model.vocab[\"" + token + "\"]", str_cat("an id below ", limit, " (2 x the ", listed_.size() + vocab_.added.size(),
+                                                      " tokens listed + 256), got ", id));
+      n = std::max(n, id + 1);
+    }
+    for (size_t k = 0; k < vocab_.added.size(); ++k) {
+      const BpeAddedToken& t = vocab_.added[k];
+      if (static_cast<size_t>(t.id) >= limit)
+        bad(str_cat("added_tokens[", k, "].id"), str_cat("an id below ", limit, " (2 x the ",
+                                                        listed_.size() + vocab_.added.size(), " tokens listed + 256), got ", t.id));
+    }
+    vocab_.tokens.resize(n);
+    for (auto& [id, token] : listed_) vocab_.tokens[id] = std::move(token);
+    listed_.clear();
   }
 
   // null, NFC, or a Sequence of NFC: anything else would change ids in ways not implemented.
@@ -206,6 +230,7 @@ class TokenizerJsonReader {
   std::string name_;
   BpeVocab vocab_;
   bool saw_byte_level_ = false;
+  std::vector<std::pair<size_t, std::string>> listed_;  // model.vocab as (id, token), until place_tokens()
 };
 
 }  // namespace

@@ -39,9 +39,13 @@ std::string unescape_spaces(const std::string& piece) {
 
 // "<0x0A>" -> '\n'. Byte pieces are spelled exactly so (sentencepiece's ByteToPiece).
 char byte_piece_value(const std::string& piece, const std::string& source) {
-  if (piece.size() != 6 || piece.compare(0, 3, "<0x") != 0 || piece[5] != '>')
+  const auto hex = [](char c) {
+    return c >= '0' && c <= '9' ? c - '0' : c >= 'A' && c <= 'F' ? c - 'A' + 10 : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+  };
+  if (piece.size() != 6 || piece.compare(0, 3, "<0x") != 0 || piece[5] != '>' || hex(piece[3]) < 0 ||
+      hex(piece[4]) < 0)
     fail(source, ": byte piece '", piece, "' is not of the form <0xXX>");
-  return static_cast<char>(std::stoi(piece.substr(3, 2), nullptr, 16));
+  return static_cast<char>(hex(piece[3]) * 16 + hex(piece[4]));
 }
 
 }  // namespace

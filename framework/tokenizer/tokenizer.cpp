@@ -1,6 +1,7 @@
 #include "framework/tokenizer/tokenizer.h"
 
 #include <cstring>
+#include <new>
 #include <fstream>
 
 #include "framework/core/error.h"
@@ -61,7 +62,9 @@ TokenizerFileKind sniff(const std::filesystem::path& path) {
 // Defined in gguf_tokenizer.cpp: opens the file with the GGUF reader.
 std::unique_ptr<Tokenizer> load_gguf_tokenizer(const std::filesystem::path& path);
 
-std::unique_ptr<Tokenizer> load_tokenizer(const std::filesystem::path& path) {
+namespace {
+
+std::unique_ptr<Tokenizer> load_tokenizer_unguarded(const std::filesystem::path& path) {
   std::error_code ec;
   if (!std::filesystem::exists(path, ec)) fail(path.string(), ": no such tokenizer file or directory");
   if (std::filesystem::is_directory(path, ec)) {
@@ -77,6 +80,18 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::filesystem::path& path) {
     case TokenizerFileKind::kSentencePiece: break;
   }
   return load_sentencepiece_model(path);
+}
+
+}  // namespace
+
+std::unique_ptr<Tokenizer> load_tokenizer(const std::filesystem::path& path) {
+  try {
+    return load_tokenizer_unguarded(path);
+  } catch (const std::bad_alloc&) {
+    fail(path.string(), ": out of memory while loading the tokenizer");
+  } catch (const std::filesystem::filesystem_error& e) {
+    fail(path.string(), ": ", e.code().message(), " (", e.path1().string(), ")");
+  }
 }
 
 }  // namespace kvlab

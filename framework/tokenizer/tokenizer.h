@@ -12,10 +12,21 @@
 //   - encode() never throws on any byte string (invalid UTF-8 included). Special tokens
 //     (BOS/EOS/control/added special tokens) written in the text are recognised only with
 //     EncodeOptions::parse_special; otherwise they are ordinary text.
-//   - decode(encode(x)) == x for every valid UTF-8 x (byte-level BPE: unless x holds one of the
-//     few non-printable bytes a vocabulary may lack, which are dropped as llama.cpp drops them).
-//     For invalid UTF-8: the byte-level BPE round-trips the bytes it has tokens for; SentencePiece (the library, hence the real models) replaces
-//     each invalid byte by U+FFFD before encoding, so decode gives that U+FFFD text back.
+//   - Round trip, byte-level BPE: decode(encode(x)) == x for every byte string x (invalid UTF-8
+//     included), without parse_special, unless x holds one of the few non-printable bytes a
+//     vocabulary may lack (SmolLM2's lacks 21), which are dropped as llama.cpp drops them.
+//   - Round trip, SentencePiece: decode(encode(x)) == x for valid UTF-8 x without parse_special
+//     when the model can spell x unchanged, which is the case for Llama 1/2, Mistral, TinyLlama
+//     and the bundled model, i.e. when all of these hold:
+//       (a) the normalizer is the identity and remove_extra_whitespaces is off (an NFKC model
+//           gives back the normalized text; one that collapses spaces gives back single spaces);
+//       (b) the vocabulary has the piece "▁" (U+2581, SentencePiece's space). Without it a space
+//           that no longer piece covers falls back to the bytes of U+2581 (byte_fallback on) and
+//           decodes as "▁" instead of " ", or becomes <unk> (off): libsentencepiece does the same;
+//       (c) every character of x is a piece or byte_fallback is on (else <unk>, decoded " ⁇ ");
+//       (d) x does not contain U+2581 itself: SentencePiece reads it as a space, decode gives " ".
+//     Invalid UTF-8: the library replaces each invalid byte by U+FFFD before encoding, so decode
+//     gives that U+FFFD text back. (tokenizer_test.cpp: TokenizerContract tests each condition.)
 //   - decode() returns bytes: a byte-fallback piece (<0xE4>) contributes its raw byte, so a
 //     sequence cut in the middle of a character yields a partial UTF-8 sequence; StreamDecoder
 //     holds such partial sequences back until they complete.
@@ -43,7 +54,7 @@ class Tokenizer {
  public:
   virtual ~Tokenizer() = default;
   virtual std::vector<int32_t> encode(std::string_view text, const EncodeOptions& opts = {}) const = 0;
-  virtual std::string decode(std::span<const int32_t> ids) const = 0;  // exact inverse of encode
+  virtual std::string decode(std::span<const int32_t> ids) const = 0;  // inverse of encode (see above)
   // The bytes this token contributes in the middle of a text ("▁the" -> " the", <0x0A> -> "\n",
   // control tokens -> ""). Throws kvlab::Error for an id outside [0, vocab_size()).
   virtual std::string token_to_piece(int32_t id) const = 0;

@@ -3,6 +3,7 @@
 // streaming decode, and clear errors for missing, truncated and malformed files.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -563,5 +564,93 @@ TEST(TokenizerLoad, DirectoryPicksTheTokenizerFile) {
   EXPECT_EQ(load_tokenizer(dir)->kind(), "bpe");
 }
 
+
+// --- resource limits (issue 11: ids read from a file size nothing before they are checked) ------
+
+TEST(TokenizerLimits, HugeAddedTokenIdIsRefusedBeforeAllocating) {
+  // The fuzzer's input: one added token with id 2147483647 asked for a 64 GiB table.
+  const fs::path dir = temp_dir();
+  const fs::path huge = dir / "huge_added.json";
+  write_file(huge, tiny_tokenizer_json(R"(, {"id": 2147483647, "content": "[x]", "special": false})"));
+  expect_error([&] { load_tokenizer(huge); }, huge, "key 'added_tokens[1].id': expected an id in [0, 2^24]");
+  // Within 2^24 but far past the 262 tokens listed: still refused (the table is dense).
+  const fs::path sparse = dir / "sparse_added.json";
+  write_file(sparse, tiny_tokenizer_json(R"(, {"id": 16000000, "content": "[x]", "special": false})"));
+  expect_error([&] { load_tokenizer(sparse); }, sparse, "key 'added_tokens[1].id': expected an id below 784");
+  // The same for a vocabulary entry.
+  std::string json = tiny_tokenizer_json();
+  const std::string entry = R"("hello": 259)";
+  json.replace(json.find(entry), entry.size(), R"("hello": 16777216)");
+  const fs::path vocab = dir / "sparse_vocab.json";
+  write_file(vocab, json);
+  expect_error([&] { load_tokenizer(vocab); }, vocab, "key 'model.vocab[\"hello\"]': expected an id below 782");
+  // A small gap is fine (ids up to 2 x listed + 256).
+  const fs::path gap = dir / "gap.json";
+  write_file(gap, tiny_tokenizer_json(R"(, {"id": 300, "content": "[x]", "special": false})"));
+  EXPECT_EQ(load_tokenizer(gap)->vocab_size(), 301);
+}
+
+// --- the round-trip contract of tokenizer.h, condition by condition ----------------------------
+
+// `v` without byte pieces and with byte_fallback off (SentencePiece refuses byte pieces then).
+SpmVocab without_byte_fallback(SpmVocab v) {
+  for (size_t i = v.pieces.size(); i-- > 0;) {
+    if (v.types[i] == SpmPieceType::kByte) {
+      v.pieces.erase(v.pieces.begin() + i);
+      v.scores.erase(v.scores.begin() + i);
+      v.types.erase(v.types.begin() + i);
+    }
+  }
+  v.byte_fallback = false;
+  return v;
+}
+
+TEST(TokenizerContract, SentencePieceRoundTripsWhenTheModelCanSpellTheText) {
+  const auto tok = sentencepiece_from_vocab(tiny_spm_vocab(), "tiny", true);
+  for (const std::string text : {"ab ab", "  a b  ", "c\xC3\xA9 \xF0\x9F\x98\x80\n", "\t", ""})
+    EXPECT_EQ(tok->decode(tok->encode(text)), text) << "'" << text << "'";
+}
+
+TEST(TokenizerContract, SentencePieceWithoutTheSpacePieceDecodesSpacesAsU2581) {
+  // (b): no "▁" piece (nor any piece holding it). Byte fallback spells the space symbol as its
+  // three bytes, which decode to the character U+2581, not to a space: "ab ab" -> "▁ab▁ab".
+  SpmVocab v = tiny_spm_vocab();
+  for (size_t i = v.pieces.size(); i-- > 0;) {
+    if (v.pieces[i].find("\xE2\x96\x81") != std::string::npos) {
+      v.pieces.erase(v.pieces.begin() + i);
+      v.scores.erase(v.scores.begin() + i);
+      v.types.erase(v.types.begin() + i);
+    }
+  }
+  const auto tok = sentencepiece_from_vocab(v, "no space piece", true);
+  const std::vector<int32_t> ids = tok->encode("ab ab");
+  const std::vector<int32_t> u2581 = {3 + 0xE2, 3 + 0x96, 3 + 0x81};  // byte pieces <0xE2><0x96><0x81>
+  ASSERT_GE(ids.size(), 3u);
+  EXPECT_TRUE(std::equal(u2581.begin(), u2581.end(), ids.begin()));
+  EXPECT_EQ(tok->decode(ids), "\xE2\x96\x81" "ab" "\xE2\x96\x81" "ab");
+  // Without byte fallback the space becomes <unk>, decoded as " ⁇ ".
+  const auto no_fallback = sentencepiece_from_vocab(without_byte_fallback(v), "no space piece, no fallback", true);
+  EXPECT_EQ(no_fallback->decode(no_fallback->encode("ab ab")).find("\xE2\x81\x87"), 1u);
+}
+
+TEST(TokenizerContract, SentencePieceReadsU2581InTheTextAsASpace) {
+  // (d): the text's own U+2581 is SentencePiece's space symbol.
+  const auto tok = sentencepiece_from_vocab(tiny_spm_vocab(), "tiny", true);
+  EXPECT_EQ(tok->decode(tok->encode("a\xE2\x96\x81" "b")), "a b");
+}
+
+TEST(TokenizerContract, SentencePieceThatCollapsesSpacesGivesSingleSpaces) {
+  // (a): remove_extra_whitespaces (a normalizer setting) changes the text before encoding.
+  SpmVocab v = tiny_spm_vocab();
+  v.remove_extra_whitespaces = true;
+  const auto tok = sentencepiece_from_vocab(v, "collapsing", true);
+  EXPECT_EQ(tok->decode(tok->encode("  a   b ")), "a b");
+}
+
+TEST(TokenizerContract, SentencePieceWithoutAPieceOrFallbackGivesUnknown) {
+  // (c): 'c' is no piece and byte fallback is off.
+  const auto tok = sentencepiece_from_vocab(without_byte_fallback(tiny_spm_vocab()), "no fallback", true);
+  EXPECT_EQ(tok->decode(tok->encode("ac")), "a \xE2\x81\x87 ");
+}
 }  // namespace
 }  // namespace kvlab

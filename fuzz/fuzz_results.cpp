@@ -1,0 +1,45 @@
+// The HDF5 results reader behind `kvlab merge`, `kvlab run --resume` and `kvlab report`: the
+// input is one results.h5. Opens it, reads every root/run attribute, every complete cell and the
+// summaries, prints the report, re-parses the recorded experiment, merges it into a new file
+// (both in the case directory) and deletes the incomplete cells as a resume does.
+#include <sstream>
+
+#include "framework/core/error.h"
+#include "framework/experiment/report.h"
+#include "framework/experiment/results.h"
+#include "fuzz/fuzz_util.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  using namespace kvlab;
+  const std::filesystem::path dir = fuzz::case_dir();
+  const std::filesystem::path path = dir / "results.h5";
+  fuzz::write_file(path, {reinterpret_cast<const char*>(data), size});
+  try {
+    ResultsFile file = ResultsFile::open(path);
+    (void)file.root_attrs();
+    for (const std::string& run : file.runs()) {
+      (void)file.run_attrs(run);
+      for (const std::string& cell : file.complete_cells(run)) (void)file.read_cell(run, cell);
+      for (const char* group : {"niah", "perplexity"}) {
+        try {
+          AttrMap attrs;
+          (void)file.read_summary(run, group, &attrs);
+        } catch (const Error&) {
+        }
+      }
+    }
+    std::ostringstream report;
+    print_report(file, report);
+    try {
+      (void)experiment_of(file);
+    } catch (const Error&) {
+    }
+    try {
+      (void)merge_results(dir / "merged.h5", {path});
+    } catch (const Error&) {
+    }
+    (void)file.delete_incomplete_cells();
+  } catch (const Error&) {
+  }
+  return 0;
+}

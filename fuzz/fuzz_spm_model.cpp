@@ -1,0 +1,7 @@
+// SentencePiece model protos (tokenizer.model): the input is one tokenizer.model, loaded with load_tokenizer() and exercised as in
+// fuzz_tokenizer_files.h.
+#include "fuzz/fuzz_tokenizer_files.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  return kvlab::fuzz::run_tokenizer_file(data, size, "tokenizer.model");
+}
