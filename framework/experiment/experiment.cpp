@@ -206,7 +206,8 @@ void parse_model(const Reader& r, const YAML::Node& node, const fs::path& file, 
   const std::string text = r.get_string(node["path"], "model.path");
   m.path = resolve_path(text, file);
   // A registered short name (model_registry.h) when no such file exists.
-  if (!fs::exists(m.path) && looks_like_model_name(text))
+  std::error_code ec;  // (no exception for a name longer than the file system allows)
+  if (!fs::exists(m.path, ec) && looks_like_model_name(text))
     if (auto reg = find_registered_model(text)) m.path = reg->file;
   m.path_ref = r.ref(node["path"], "model.path");
   if (node["dtype"])
@@ -481,7 +482,8 @@ void check_files_exist(const ExperimentSpec& spec) {
     fail(spec.file.string(), ": ", key, ": file not found: ", p.string(), " (tried ", here.string(),
          " and, beside the experiment file, ", beside.string(), ")");
   };
-  if (!fs::exists(spec.model.path) && looks_like_model_name(spec.model.path.string()))
+  std::error_code model_ec;
+  if (!fs::exists(spec.model.path, model_ec) && looks_like_model_name(spec.model.path.string()))
     resolve_model_path(spec.model.path.string(), spec.file.string() + ": model.path");  // names the registry
   check(spec.model.path, "model.path");
   if (!spec.model.tokenizer.empty()) check(spec.model.tokenizer, "model.tokenizer");

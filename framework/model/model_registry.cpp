@@ -92,12 +92,13 @@ std::optional<RegisteredModel> find_registered_model(const std::string& name) {
 }
 
 fs::path resolve_model_path(const std::string& text, const std::string& what) {
-  if (fs::exists(text) || !looks_like_model_name(text)) return text;
+  std::error_code ec;  // (no exception for a name longer than the file system allows)
+  if (fs::exists(text, ec) || !looks_like_model_name(text)) return text;
   const fs::path dir = models_dir();
   const std::vector<RegisteredModel> models = read_models_index(dir);
   for (const RegisteredModel& m : models) {
     if (m.name != text) continue;
-    if (!fs::exists(m.file))
+    if (!fs::exists(m.file, ec))
       fail(what, ": model '", text, "' is registered in ", (dir / "index.tsv").string(), " but its file ",
            m.file.string(), " is missing (rerun scripts/setup_models.sh)");
     return m.file;
