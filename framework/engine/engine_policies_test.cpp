@@ -8,32 +8,16 @@
 #include <random>
 
 #include "framework/engine/engine.h"
+#include "framework/engine/engine_testing.h"
 #include "framework/engine/random_model.h"
 #include "policies/builtin.h"
 
 namespace kvlab {
 namespace {
 
-ModelConfig small_config() {
-  ModelConfig c;
-  c.arch = "llama";
-  c.dim = 64;
-  c.n_layers = 2;
-  c.n_heads = 4;
-  c.n_kv_heads = 2;
-  c.head_dim = 16;
-  c.hidden_dim = 96;
-  c.vocab_size = 101;
-  c.max_seq_len = 256;
-  return c;
-}
+ModelConfig small_config() { return tiny_llama_config(/*vocab_size=*/101, /*max_seq_len=*/256); }
 
-std::vector<int32_t> tokens(int n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<int32_t> t(n);
-  for (auto& x : t) x = static_cast<int32_t>(rng() % 101);
-  return t;
-}
+std::vector<int32_t> tokens(int n, uint32_t seed) { return random_tokens(n, 101, seed); }
 
 // Logits of a 48-token chunked prefill and then 40 decode steps, concatenated.
 std::vector<float> run(Engine& e, std::unique_ptr<AttentionPolicy> policy, const ModelConfig& c,

@@ -14,25 +14,14 @@
 #include <random>
 
 #include "framework/core/error.h"
+#include "framework/engine/engine_testing.h"
 #include "framework/engine/random_model.h"
 
 namespace kvlab {
 namespace {
 
 ModelConfig tiny_config(int n_heads = 4, int n_kv_heads = 2, int head_dim = 16) {
-  ModelConfig c;
-  c.arch = "llama";
-  c.dim = 64;
-  c.n_layers = 2;
-  c.n_heads = n_heads;
-  c.n_kv_heads = n_kv_heads;
-  c.head_dim = head_dim;
-  c.hidden_dim = 96;
-  c.vocab_size = 97;
-  c.max_seq_len = 64;
-  c.rope_theta = 10000.f;
-  c.rope_style = RopeStyle::kInterleaved;
-  return c;
+  return tiny_llama_config(/*vocab_size=*/97, /*max_seq_len=*/64, n_heads, n_kv_heads, head_dim);
 }
 
 // ---- the reference ---------------------------------------------------------------------------
@@ -156,12 +145,6 @@ std::vector<float> reference_logits(const Model& m, const std::vector<int32_t>& 
 
 // ---- helpers ---------------------------------------------------------------------------------
 
-std::vector<int32_t> random_tokens(int n, int vocab, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<int32_t> t(n);
-  for (auto& x : t) x = static_cast<int32_t>(rng() % vocab);
-  return t;
-}
 
 float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
   EXPECT_EQ(a.size(), b.size());
@@ -215,8 +198,8 @@ TEST(Engine, LongPrefillChunkMatchesTheReference) {
   auto model = make_random_model(c, DType::kF32, 31);
   const auto tokens = random_tokens(300, c.vocab_size, 32);
   EngineOptions o;
-  o.prefill_chunk_tokens = 512;
   o.threads = 2;
+  o.prefill_chunk_tokens = 512;
   Engine e(*model, o);
   std::vector<float> got;
   ASSERT_EQ(e.prefill(e.start_sequence(), tokens, got, true), StepStatus::kOk);
@@ -257,8 +240,8 @@ TEST_P(EngineShapes, MatchTheReference) {
   const auto tokens = random_tokens(19, c.vocab_size, 6);
   const auto want = reference_logits(*model, tokens);
   EngineOptions o;
-  o.block_size_tokens = 3;
   o.threads = 2;
+  o.block_size_tokens = 3;
   o.max_batch = 2;
   Engine e(*model, o);
   std::vector<float> got;
@@ -314,8 +297,8 @@ TEST(Engine, BatchedDecodeMatchesSingle) {
   }
   for (int batch : {3, B}) {
     EngineOptions o;
-    o.max_batch = batch;
     o.threads = 2;
+    o.max_batch = batch;
     Engine e(*model, o);
     std::vector<SeqId> seqs;
     std::vector<float> lg;
@@ -437,8 +420,8 @@ TEST(Engine, WindowPolicyMatchesMaskedReferenceInPrefillAndDecode) {
   const auto want = reference_logits(*model, tokens, win);
   EngineOptions o;
   o.block_size_tokens = 4;
-  o.prefill_chunk_tokens = 8;
   o.max_batch = 2;
+  o.prefill_chunk_tokens = 8;
   Engine e(*model, o);
   std::vector<float> got;
   SeqId p = e.start_sequence(std::make_unique<WindowPolicy>(W));
@@ -480,9 +463,9 @@ TEST(Engine, ProbeMeasuresRecallAndError) {
   auto model = make_random_model(tiny_config(), DType::kF32, 19);
   const auto tokens = random_tokens(40, model->config.vocab_size, 20);
   EngineOptions o;
+  o.max_batch = 2;
   o.probe = true;
   o.probe_every = 1;
-  o.max_batch = 2;
   Engine e(*model, o);
   SeqId full = e.start_sequence();
   decode_all(e, full, tokens);
