@@ -50,10 +50,7 @@ TEST(EnginePolicies, EveryBuiltinRunsWithinItsBudget) {
   const ModelConfig c = small_config();
   auto model = make_random_model(c, DType::kF32, 3);
   PolicyRegistry registry = make_builtin_registry();
-  EngineOptions o;
-  o.threads = 1;
-  o.block_size_tokens = 8;
-  o.prefill_chunk_tokens = 16;
+  EngineOptions o{.threads = 1, .block_size_tokens = 8, .prefill_chunk_tokens = 16};
   Engine e(*model, o);
   const PolicyModelShape shape = policy_shape(c);
   // Parameters small enough that every policy evicts or selects within 88 tokens.
@@ -83,9 +80,7 @@ TEST(EnginePolicies, FullPolicyIsExactlyNoPolicy) {
   const ModelConfig c = small_config();
   auto model = make_random_model(c, DType::kF32, 4);
   PolicyRegistry registry = make_builtin_registry();
-  EngineOptions o;
-  o.threads = 1;
-  o.prefill_chunk_tokens = 16;
+  EngineOptions o{.threads = 1, .prefill_chunk_tokens = 16};
   Engine e(*model, o);
   const auto none = run(e, nullptr, c, false);
   const auto full = run(e, registry.create("full", {}, policy_shape(c)), c, false);
@@ -108,10 +103,7 @@ TEST(EnginePolicies, MaxTokensLetsSequencesPassTheModelContext) {
   for (const char* policy : {"", "sinks"}) {
     SCOPED_TRACE(std::string("policy '") + policy + "'");
     for (int64_t max_tokens : {int64_t{0}, int64_t{600}}) {
-      EngineOptions o;
-      o.threads = 1;
-      o.block_size_tokens = 8;
-      o.max_tokens = max_tokens;
+      EngineOptions o{.threads = 1, .block_size_tokens = 8, .max_tokens = max_tokens};
       Engine e(*model, o);
       const int64_t limit = max_tokens ? max_tokens : c.max_seq_len;
       EXPECT_EQ(e.options().max_tokens, limit);
