@@ -70,15 +70,10 @@ struct Fixture {
     queries.assign(positions.size() * o.n_heads * o.head_dim, 0.f);
     for (size_t r = 0; r < positions.size(); ++r)
       testing::generate(o, seed, 0, positions[r], 0, queries.data() + r * o.n_heads * o.head_dim);
-    LayerStep s;
-    s.layer = 0;
-    s.n_new = int(positions.size());
-    s.is_prefill = s.n_new > 1;
-    s.positions = positions;
-    s.queries = queries;
-    s.cache = &cache;
-    s.shape = {1, o.n_heads, o.n_kv_heads, o.head_dim, o.max_seq_len};
-    return s;
+    const int n = int(positions.size());
+    return LayerStep{.layer = 0, .is_prefill = n > 1, .n_new = n, .positions = positions,
+                     .queries = queries, .cache = &cache,
+                     .shape = {1, o.n_heads, o.n_kv_heads, o.head_dim, o.max_seq_len}};
   }
 };
 
@@ -143,21 +138,25 @@ TEST(Sinks, KeepsSinksAndRecentAfterEachStep) {
   EXPECT_TRUE(orig->claimed_mask().has_value());
 }
 
-// A scorer whose score is the position: keeps the latest candidates.
-class PositionScorer final : public ScorerPolicy {
+// A scorer whose score is the position modulo `modulus`: keeps the latest candidates (with a
+// small modulus, the latest of each residue class: ties on purpose).
+class PositionScorer : public ScorerPolicy {
  public:
-  using ScorerPolicy::ScorerPolicy;
+  PositionScorer(const ScorerBudget& budget, int64_t modulus)
+      : ScorerPolicy(budget), modulus_(modulus) {}
  protected:
   void score(const LayerStep&, const StepStats&, int, std::span<const ScoredSlot> c,
              std::span<float> s) override {
-    for (size_t k = 0; k < c.size(); ++k) s[k] = float(c[k].position % 7);  // ties on purpose
+    for (size_t k = 0; k < c.size(); ++k) s[k] = float(c[k].position % modulus_);
   }
+ private:
+  int64_t modulus_;
 };
 
 TEST(Scorer, SinksRecentAndTopKWithTiesToLowerPosition) {
   ScorerBudget b;
   b.sinks = 2, b.recent = 3, b.keep = 4;
-  PositionScorer p(b);
+  PositionScorer p(b, 7);
   SimOptions o;
   PolicySimulator sim(o, 1);
   sim.step(p, 30);  // one prefill step, then one reduction
@@ -175,14 +174,11 @@ TEST(Scorer, SinksRecentAndTopKWithTiesToLowerPosition) {
 }
 
 // Per-layer budgets: layer 1 keeps half of layer 0's.
-class PyramidScorer final : public ScorerPolicy {
+class PyramidScorer final : public PositionScorer {
  public:
-  using ScorerPolicy::ScorerPolicy;
+  // score = position (no position in these tests reaches the modulus)
+  explicit PyramidScorer(const ScorerBudget& budget) : PositionScorer(budget, int64_t{1} << 40) {}
  protected:
-  void score(const LayerStep&, const StepStats&, int, std::span<const ScoredSlot> c,
-             std::span<float> s) override {
-    for (size_t k = 0; k < c.size(); ++k) s[k] = float(c[k].position);
-  }
   double layer_budget_scale(int layer) const override { return layer == 0 ? 1.0 : 0.5; }
 };
 

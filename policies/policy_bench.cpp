@@ -230,15 +230,9 @@ LayerResult run_layers_case(const ModelConfig& cfg, const PolicyRegistry& regist
     for (int layer = 0; layer < L; ++layer) {
       for (int r = 0; r < n_new; ++r)
         store.append(seq, layer, positions[r], vec(pos0 + r, layer), vec(pos0 + r, layer + 17));
-      LayerStep st;
-      st.layer = layer;
-      st.is_prefill = n_new > 1;
-      st.n_new = n_new;
-      st.positions = positions;
-      st.queries = q;
       const LayerKvCacheView cache(store.layer(seq, layer));
-      st.cache = &cache;
-      st.shape = policy_shape(cfg);
+      LayerStep st{.layer = layer, .is_prefill = n_new > 1, .n_new = n_new, .positions = positions,
+                   .queries = q, .cache = &cache, .shape = policy_shape(cfg)};
       sel.select_all();
       auto t0 = Clock::now();
       policy->select(st, sel);

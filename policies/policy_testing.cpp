@@ -216,14 +216,8 @@ PolicySimulator::Step PolicySimulator::step(AttentionPolicy& policy, int n_new) 
       generate(o_, seed_, layer, positions[r], 2, v.data());
       cache.append(positions[r], k.data(), v.data());
     }
-    LayerStep ls;
-    ls.layer = layer;
-    ls.is_prefill = n_new > 1;
-    ls.n_new = n_new;
-    ls.positions = positions;
-    ls.queries = q;
-    ls.cache = &cache;
-    ls.shape = sh;
+    LayerStep ls{.layer = layer, .is_prefill = n_new > 1, .n_new = n_new, .positions = positions,
+                 .queries = q, .cache = &cache, .shape = sh};
     KeySelection sel;
     sel.select_all();
     policy.select(ls, sel);
@@ -231,45 +225,33 @@ PolicySimulator::Step PolicySimulator::step(AttentionPolicy& policy, int n_new) 
       res.violations.push_back(str_cat("layer ", layer, ": ", e));
     if (std::string e = check_prefill_mask(needs, sel, ls); !e.empty())
       res.violations.push_back(str_cat("layer ", layer, ": ", e));
-    // Plain-loop attention over the selection (valid, causal), with key mass.
+    // Attention over the selection (valid, causal) by the fp64 reference, with key mass: a
+    // slot is read when a selected range holds it, its head's cell is valid and its position
+    // is not after the query's.
     const int n_slots = cache.n_slots();
     std::vector<float> mass(needs.key_attention_mass ? size_t(Hkv) * n_slots : 0, 0.f);
     std::vector<float> out(size_t(n_new) * H * d, 0.f);
-    std::vector<int32_t> slots;
-    std::vector<float> p;
+    std::vector<char> selected(n_slots);
     for (int r = 0; r < n_new; ++r)
       for (int qh = 0; qh < H; ++qh) {
         const int h = qh / G;
-        slots.clear();
-        auto take = [&](int s) {
-          if (cache.slot_valid(s, h) && cache.slot_position(s, h) <= positions[r]) slots.push_back(s);
-        };
         if (sel.all || !sel.n_rows) {
-          for (int s = 0; s < n_slots; ++s) take(s);
+          selected.assign(n_slots, 1);
         } else {
+          selected.assign(n_slots, 0);
           for (const SlotRange& rg : sel.list(r, h))
-            for (int s = std::max(0, rg.begin); s < std::min(rg.end, n_slots); ++s) take(s);
+            for (int s = std::max(0, rg.begin); s < std::min(rg.end, n_slots); ++s) selected[s] = 1;
         }
-        if (slots.empty()) continue;
-        const float* qv = q.data() + (size_t(r) * H + qh) * d;
-        p.assign(slots.size(), 0.f);
-        float m = -std::numeric_limits<float>::infinity();
-        for (size_t t = 0; t < slots.size(); ++t) {
-          const float* kv = cache.key(slots[t], h);
-          float s = 0.f;
-          for (int f = 0; f < d; ++f) s += qv[f] * kv[f];
-          p[t] = tau * s;
-          m = std::max(m, p[t]);
-        }
-        double z = 0;
-        for (float& x : p) z += (x = std::exp(x - m));
+        const ReferenceRow ref = reference_attention_row(
+            q.data() + (size_t(r) * H + qh) * d, d, n_slots, tau,
+            [&](int64_t s) { return cache.key(int(s), h); }, [&](int64_t s) { return cache.value(int(s), h); },
+            [&](int64_t s) {
+              return selected[s] && cache.slot_valid(int(s), h) && cache.slot_position(int(s), h) <= positions[r];
+            });
         float* o = out.data() + (size_t(r) * H + qh) * d;
-        for (size_t t = 0; t < slots.size(); ++t) {
-          const float w = float(p[t] / z);
-          const float* vv = cache.value(slots[t], h);
-          for (int f = 0; f < d; ++f) o[f] += w * vv[f];
-          if (!mass.empty()) mass[size_t(h) * n_slots + slots[t]] += w;
-        }
+        for (int f = 0; f < d; ++f) o[f] = float(ref.out[f]);
+        if (!mass.empty())
+          for (int s = 0; s < n_slots; ++s) mass[size_t(h) * n_slots + s] += float(ref.p[s]);
       }
     StepStats stats;
     stats.key_mass = mass;

@@ -1,6 +1,7 @@
 // Test support for policies, independent of the engine: a fake per-sequence cache with the KV
 // store's semantics (holes, per-head eviction, order-preserving compaction) and a simulator that
-// drives any AttentionPolicy through the step protocol of policy.h with a plain-loop attention.
+// drives any AttentionPolicy through the step protocol of policy.h, attending through the fp64
+// reference attention (kernels/testing/reference_attention.h; outputs and key mass in float).
 //
 // The simulator's "model" gives every (layer, position) deterministic pseudo-random q, k, v
 // (queries [n_heads, d], keys/values [n_kv_heads, d]) that do not depend on earlier outputs, so

@@ -10,38 +10,19 @@
 #include <random>
 
 #include "framework/core/error.h"
+#include "framework/engine/engine_testing.h"
 #include "framework/engine/random_model.h"
 #include "policies/builtin.h"
 
 namespace kvlab {
 namespace {
 
-ModelConfig tiny_config() {
-  ModelConfig c;
-  c.arch = "llama";
-  c.dim = 64;
-  c.n_layers = 2;
-  c.n_heads = 4;
-  c.n_kv_heads = 2;
-  c.head_dim = 16;
-  c.hidden_dim = 96;
-  c.vocab_size = 97;
-  c.max_seq_len = 128;
-  c.rope_theta = 10000.f;
-  c.rope_style = RopeStyle::kInterleaved;
-  return c;
-}
+ModelConfig tiny_config() { return tiny_llama_config(/*vocab_size=*/97, /*max_seq_len=*/128); }
 
 constexpr int kBlockTokens = 4;
 // One KV block: K and V, kBlockTokens slots, 2 KV heads x 16 features, fp32.
 constexpr size_t kBlockBytes = size_t{2} * kBlockTokens * 2 * 16 * sizeof(float);
 
-std::vector<int32_t> random_tokens(int n, int vocab, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<int32_t> t(n);
-  for (auto& x : t) x = static_cast<int32_t>(rng() % vocab);
-  return t;
-}
 
 EngineOptions options_with_blocks(int64_t blocks) {
   EngineOptions o;

@@ -76,7 +76,7 @@ struct EngineOptions {
   int prefill_chunk_tokens = 256;
   bool probe = false;            // attention recall / output error probes (below)
   int probe_every = 16;          // probe every N-th decode step of a sequence
-  std::vector<int> probe_layers; // layers probed; empty = first, middle and last
+  std::vector<int> probe_layers{}; // layers probed; empty = first, middle and last
   // Where the dense layers and attention run (device.h): kCpu (the reference), kCuda (the GPU,
   // device_backend.h; needs a kvlab built with CUDA and a GPU, else Error) or kEmulated (the
   // device path with CPU loops in place of the kernels: tests). Sequences, policies and the

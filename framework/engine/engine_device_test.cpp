@@ -16,6 +16,7 @@
 #include "framework/core/error.h"
 #include "framework/engine/device.h"
 #include "framework/engine/engine.h"
+#include "framework/engine/engine_testing.h"
 #include "framework/engine/random_model.h"
 #include "policies/builtin.h"
 
@@ -44,12 +45,7 @@ ModelConfig config_of(const Shape& s) {
   return c;
 }
 
-std::vector<int32_t> tokens(int n, uint32_t seed, int vocab) {
-  std::mt19937 rng(seed);
-  std::vector<int32_t> t(n);
-  for (auto& x : t) x = static_cast<int32_t>(rng() % vocab);
-  return t;
-}
+std::vector<int32_t> tokens(int n, uint32_t seed, int vocab) { return random_tokens(n, vocab, seed); }
 
 // Policies with parameters that act within the test's 75 tokens.
 std::vector<std::pair<std::string, std::map<std::string, ParamValue>>> acting_policies() {

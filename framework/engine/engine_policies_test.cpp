@@ -8,32 +8,16 @@
 #include <random>
 
 #include "framework/engine/engine.h"
+#include "framework/engine/engine_testing.h"
 #include "framework/engine/random_model.h"
 #include "policies/builtin.h"
 
 namespace kvlab {
 namespace {
 
-ModelConfig small_config() {
-  ModelConfig c;
-  c.arch = "llama";
-  c.dim = 64;
-  c.n_layers = 2;
-  c.n_heads = 4;
-  c.n_kv_heads = 2;
-  c.head_dim = 16;
-  c.hidden_dim = 96;
-  c.vocab_size = 101;
-  c.max_seq_len = 256;
-  return c;
-}
+ModelConfig small_config() { return tiny_llama_config(/*vocab_size=*/101, /*max_seq_len=*/256); }
 
-std::vector<int32_t> tokens(int n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<int32_t> t(n);
-  for (auto& x : t) x = static_cast<int32_t>(rng() % 101);
-  return t;
-}
+std::vector<int32_t> tokens(int n, uint32_t seed) { return random_tokens(n, 101, seed); }
 
 // Logits of a 48-token chunked prefill and then 40 decode steps, concatenated.
 std::vector<float> run(Engine& e, std::unique_ptr<AttentionPolicy> policy, const ModelConfig& c,
@@ -66,10 +50,7 @@ TEST(EnginePolicies, EveryBuiltinRunsWithinItsBudget) {
   const ModelConfig c = small_config();
   auto model = make_random_model(c, DType::kF32, 3);
   PolicyRegistry registry = make_builtin_registry();
-  EngineOptions o;
-  o.threads = 1;
-  o.block_size_tokens = 8;
-  o.prefill_chunk_tokens = 16;
+  EngineOptions o{.threads = 1, .block_size_tokens = 8, .prefill_chunk_tokens = 16};
   Engine e(*model, o);
   const PolicyModelShape shape = policy_shape(c);
   // Parameters small enough that every policy evicts or selects within 88 tokens.
@@ -99,9 +80,7 @@ TEST(EnginePolicies, FullPolicyIsExactlyNoPolicy) {
   const ModelConfig c = small_config();
   auto model = make_random_model(c, DType::kF32, 4);
   PolicyRegistry registry = make_builtin_registry();
-  EngineOptions o;
-  o.threads = 1;
-  o.prefill_chunk_tokens = 16;
+  EngineOptions o{.threads = 1, .prefill_chunk_tokens = 16};
   Engine e(*model, o);
   const auto none = run(e, nullptr, c, false);
   const auto full = run(e, registry.create("full", {}, policy_shape(c)), c, false);
@@ -124,10 +103,7 @@ TEST(EnginePolicies, MaxTokensLetsSequencesPassTheModelContext) {
   for (const char* policy : {"", "sinks"}) {
     SCOPED_TRACE(std::string("policy '") + policy + "'");
     for (int64_t max_tokens : {int64_t{0}, int64_t{600}}) {
-      EngineOptions o;
-      o.threads = 1;
-      o.block_size_tokens = 8;
-      o.max_tokens = max_tokens;
+      EngineOptions o{.threads = 1, .block_size_tokens = 8, .max_tokens = max_tokens};
       Engine e(*model, o);
       const int64_t limit = max_tokens ? max_tokens : c.max_seq_len;
       EXPECT_EQ(e.options().max_tokens, limit);

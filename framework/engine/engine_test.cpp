@@ -14,25 +14,14 @@
 #include <random>
 
 #include "framework/core/error.h"
+#include "framework/engine/engine_testing.h"
 #include "framework/engine/random_model.h"
 
 namespace kvlab {
 namespace {
 
 ModelConfig tiny_config(int n_heads = 4, int n_kv_heads = 2, int head_dim = 16) {
-  ModelConfig c;
-  c.arch = "llama";
-  c.dim = 64;
-  c.n_layers = 2;
-  c.n_heads = n_heads;
-  c.n_kv_heads = n_kv_heads;
-  c.head_dim = head_dim;
-  c.hidden_dim = 96;
-  c.vocab_size = 97;
-  c.max_seq_len = 64;
-  c.rope_theta = 10000.f;
-  c.rope_style = RopeStyle::kInterleaved;
-  return c;
+  return tiny_llama_config(/*vocab_size=*/97, /*max_seq_len=*/64, n_heads, n_kv_heads, head_dim);
 }
 
 // ---- the reference ---------------------------------------------------------------------------
@@ -156,12 +145,6 @@ std::vector<float> reference_logits(const Model& m, const std::vector<int32_t>& 
 
 // ---- helpers ---------------------------------------------------------------------------------
 
-std::vector<int32_t> random_tokens(int n, int vocab, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<int32_t> t(n);
-  for (auto& x : t) x = static_cast<int32_t>(rng() % vocab);
-  return t;
-}
 
 float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
   EXPECT_EQ(a.size(), b.size());
@@ -214,9 +197,7 @@ TEST(Engine, LongPrefillChunkMatchesTheReference) {
   c.max_seq_len = 320;
   auto model = make_random_model(c, DType::kF32, 31);
   const auto tokens = random_tokens(300, c.vocab_size, 32);
-  EngineOptions o;
-  o.prefill_chunk_tokens = 512;
-  o.threads = 2;
+  EngineOptions o{.threads = 2, .prefill_chunk_tokens = 512};
   Engine e(*model, o);
   std::vector<float> got;
   ASSERT_EQ(e.prefill(e.start_sequence(), tokens, got, true), StepStatus::kOk);
@@ -256,10 +237,7 @@ TEST_P(EngineShapes, MatchTheReference) {
   auto model = make_random_model(c, p.dtype, 5);
   const auto tokens = random_tokens(19, c.vocab_size, 6);
   const auto want = reference_logits(*model, tokens);
-  EngineOptions o;
-  o.block_size_tokens = 3;
-  o.threads = 2;
-  o.max_batch = 2;
+  EngineOptions o{.threads = 2, .block_size_tokens = 3, .max_batch = 2};
   Engine e(*model, o);
   std::vector<float> got;
   ASSERT_EQ(e.prefill(e.start_sequence(), tokens, got, true), StepStatus::kOk);
@@ -293,9 +271,7 @@ TEST(Engine, PagedMatchesContiguousAndChunkSizesAgree) {
   }
   for (int bs : {1, 3, 7, 16})
     for (int chunk : {1, 5, 256}) {
-      EngineOptions o;
-      o.block_size_tokens = bs;
-      o.prefill_chunk_tokens = chunk;
+      EngineOptions o{.block_size_tokens = bs, .prefill_chunk_tokens = chunk};
       Engine e(*model, o);
       std::vector<float> got;
       ASSERT_EQ(e.prefill(e.start_sequence(), tokens, got, true), StepStatus::kOk);
@@ -313,9 +289,7 @@ TEST(Engine, BatchedDecodeMatchesSingle) {
     conts.push_back(random_tokens(6, V, 200 + b));
   }
   for (int batch : {3, B}) {
-    EngineOptions o;
-    o.max_batch = batch;
-    o.threads = 2;
+    EngineOptions o{.threads = 2, .max_batch = batch};
     Engine e(*model, o);
     std::vector<SeqId> seqs;
     std::vector<float> lg;
@@ -346,9 +320,7 @@ TEST(Engine, ForkKeepsBothSequencesExact) {
   const int V = model->config.vocab_size;
   const auto prompt = random_tokens(21, V, 12);  // ends mid-block: the shared last block is COW'd
   const auto a = random_tokens(9, V, 13), b = random_tokens(9, V, 14);
-  EngineOptions o;
-  o.block_size_tokens = 4;
-  o.max_batch = 2;
+  EngineOptions o{.block_size_tokens = 4, .max_batch = 2};
   Engine e(*model, o);
   SeqId parent = e.start_sequence();
   std::vector<float> lg;
@@ -435,10 +407,7 @@ TEST(Engine, WindowPolicyMatchesMaskedReferenceInPrefillAndDecode) {
                    },
                    false};
   const auto want = reference_logits(*model, tokens, win);
-  EngineOptions o;
-  o.block_size_tokens = 4;
-  o.prefill_chunk_tokens = 8;
-  o.max_batch = 2;
+  EngineOptions o{.block_size_tokens = 4, .max_batch = 2, .prefill_chunk_tokens = 8};
   Engine e(*model, o);
   std::vector<float> got;
   SeqId p = e.start_sequence(std::make_unique<WindowPolicy>(W));
@@ -479,10 +448,7 @@ TEST(Engine, SinkPolicyRotatesKeysAtCachePositions) {
 TEST(Engine, ProbeMeasuresRecallAndError) {
   auto model = make_random_model(tiny_config(), DType::kF32, 19);
   const auto tokens = random_tokens(40, model->config.vocab_size, 20);
-  EngineOptions o;
-  o.probe = true;
-  o.probe_every = 1;
-  o.max_batch = 2;
+  EngineOptions o{.max_batch = 2, .probe = true, .probe_every = 1};
   Engine e(*model, o);
   SeqId full = e.start_sequence();
   decode_all(e, full, tokens);
@@ -503,9 +469,7 @@ TEST(Engine, ProbeMeasuresRecallAndError) {
 TEST(Engine, ProbePerLayerPoolsToTheTotals) {
   auto model = make_random_model(tiny_config(), DType::kF32, 19);
   const auto tokens = random_tokens(40, model->config.vocab_size, 20);
-  EngineOptions o;
-  o.probe = true;
-  o.probe_every = 3;
+  EngineOptions o{.probe = true, .probe_every = 3};
   o.probe_layers = {1, 0};  // the engine sorts them
   Engine e(*model, o);
   SeqId win = e.start_sequence(std::make_unique<WindowPolicy>(4));

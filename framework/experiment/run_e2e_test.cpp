@@ -65,6 +65,15 @@ fs::path haystack_file() {
   return p;
 }
 
+// The evals: section both experiments share: NIAH over the given lengths and depths, then
+// 160 tokens of streaming perplexity on the same haystack (the last line of the YAML text).
+std::string evals_yaml(const std::string& context_lengths, const std::string& depths) {
+  const std::string haystack = haystack_file().string();
+  return "evals:\n  niah:\n    haystack: " + haystack + "\n    context_lengths: " + context_lengths +
+         "\n    depths: " + depths + "\n    trials: 1\n    max_answer_tokens: 4\n  perplexity:\n" +
+         "    text: " + haystack + "\n    tokens: 160\n    protocol: streaming\n";
+}
+
 std::string experiment_yaml(const std::string& name, int threads = 1) {
   return "name: " + name + "\nmodel: {path: " + fixture_model().string() + ", threads: " +
          std::to_string(threads) + "}\n" +
@@ -75,19 +84,7 @@ policies:
   - {name: win, type: sliding_window, params: {window: [16, 48]}}
   - {name: sinks, type: sinks, params: {sinks: 2, recent: 30}}
 seeds: [0, 7]
-evals:
-  niah:
-    haystack: )" + haystack_file().string() + R"(
-    context_lengths: [120, 200]
-    depths: [0, 50, 100]
-    trials: 1
-    max_answer_tokens: 4
-  perplexity:
-    text: )" + haystack_file().string() + R"(
-    tokens: 160
-    protocol: streaming
-    checkpoints: [10, 100]
-)";
+)" + evals_yaml("[120, 200]", "[0, 50, 100]") + "    checkpoints: [10, 100]\n";
 }
 
 fs::path write_yaml(const std::string& name, const std::string& text) {
@@ -690,18 +687,7 @@ policies:
   - {name: win, type: sliding_window, params: {window: 16}}
   - {name: full, type: full}
 seeds: [0]
-evals:
-  niah:
-    haystack: )" + haystack_file().string() + R"(
-    context_lengths: [120]
-    depths: [0, 100]
-    trials: 1
-    max_answer_tokens: 4
-  perplexity:
-    text: )" + haystack_file().string() + R"(
-    tokens: 160
-    protocol: streaming
-)";
+)" + evals_yaml("[120]", "[0, 100]");
   };
   auto run = [&](const std::string& name, uint64_t bytes, std::string* log_text) {
     const fs::path yaml = write_yaml(name, yaml_with(bytes));

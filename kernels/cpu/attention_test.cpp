@@ -19,6 +19,14 @@ namespace {
 
 // A paged cache built directly (no KvStore: kernels depend on nothing in framework/), with its
 // pages scattered through a larger pool in random order.
+// n values ~ N(0, sigma^2), drawn from rng in order.
+std::vector<float> random_normal(size_t n, float sigma, std::mt19937& rng) {
+  std::vector<float> x(n);
+  std::normal_distribution<float> nd(0.f, sigma);
+  for (auto& v : x) v = nd(rng);
+  return x;
+}
+
 struct FakeCache {
   int bs, H, D, n_slots;
   std::vector<float> k, v;          // [n_pages, H, bs, D]
@@ -221,9 +229,7 @@ TEST(Attention, TiledEqualsNaiveSweep) {
         const double holes = (rng() % 2) ? 0.25 : 0.0;
         FakeCache cache(bs, H, D, n_slots, holes, rng);
         const int rows = 1 + static_cast<int>(rng() % 6);
-        std::vector<float> q(static_cast<size_t>(rows) * H * G * D);
-        std::normal_distribution<float> nd(0.f, 1.f);
-        for (auto& x : q) x = nd(rng);
+        std::vector<float> q = random_normal(static_cast<size_t>(rows) * H * G * D, 1.f, rng);
         std::vector<int64_t> qpos(rows);
         const int64_t maxp = cache.max_position();
         for (int r = 0; r < rows; ++r) qpos[r] = (rng() % 4 == 0) ? -1 : static_cast<int64_t>(rng() % (maxp + 2));
@@ -296,9 +302,7 @@ TEST(Attention, KeyMassSumsToRowsTimesGroup) {
   std::mt19937 rng(9);
   FakeCache cache(7, 2, 32, 61, 0.1, rng);
   const int rows = 3, G = 4;
-  std::vector<float> q(static_cast<size_t>(rows) * 2 * G * 32);
-  std::normal_distribution<float> nd(0.f, 2.f);
-  for (auto& x : q) x = nd(rng);
+  std::vector<float> q = random_normal(static_cast<size_t>(rows) * 2 * G * 32, 2.f, rng);
   std::vector<int64_t> qpos(rows, cache.max_position());
   AttentionArgs a = attention_args(q.data(), rows, 2 * G, 2, 32, qpos.data(),
                                    cache.layer(), 1.f / std::sqrt(32.f));
@@ -331,9 +335,7 @@ TEST(Attention, KeyMassChangesNothingElseAndIsThreadIndependent) {
   std::mt19937 rng(21);
   FakeCache cache(16, 2, 64, 300, 0.1, rng);
   const int rows = 40, G = 2;
-  std::vector<float> q(static_cast<size_t>(rows) * 2 * G * 64);
-  std::normal_distribution<float> nd(0.f, 1.5f);
-  for (auto& x : q) x = nd(rng);
+  std::vector<float> q = random_normal(static_cast<size_t>(rows) * 2 * G * 64, 1.5f, rng);
   std::vector<int64_t> qpos(rows);
   for (int r = 0; r < rows; ++r) qpos[r] = cache.max_position() - 5 * (rows - 1 - r);
   const KeySelection sel = random_selection(rows, 2, 300, rng);
@@ -383,9 +385,7 @@ TEST(Attention, RopeAtReadEqualsPreRotatedKeys) {
         }
       }
       const int rows = 2;
-      std::vector<float> q(static_cast<size_t>(rows) * H * G * D);
-      std::normal_distribution<float> nd(0.f, 1.f);
-      for (auto& x : q) x = nd(rng);
+      std::vector<float> q = random_normal(static_cast<size_t>(rows) * H * G * D, 1.f, rng);
       std::vector<int64_t> qpos = {raw.max_position(), raw.max_position() / 2};
       AttentionArgs a = attention_args(q.data(), rows, H * G, H, D, qpos.data(), rotated.layer(), 0.125f);
       float dummy;

@@ -23,7 +23,11 @@ class LandmarkGpu : public ::testing::Test {
   }
 };
 
-// Reference scores per chunk for one (request, KV head), in double.
+// Reference scores per chunk for one (request, KV head), in double. Not the shared dense
+// reference (kernels/testing/reference_attention.h): a chunk's score is a bound over its
+// landmark box, max(q.lmax, q.lmin) per feature, plus a bias, aggregated over the query group
+// (sum, max, or the largest log-softmax over the chunks merged with the local window's lse) --
+// not a softmax over key dot products weighting values, which is what that reference computes.
 std::vector<double> reference_scores(const LandmarkSelectParams& p, const std::vector<float>& q,
                                      const std::vector<float>& lmax, const std::vector<float>& lmin,
                                      const std::vector<float>& bias, const std::vector<float>& local_lse,

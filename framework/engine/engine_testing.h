@@ -1,0 +1,37 @@
+// Shared setup of the engine tests: the small random-weight Llama shape they run on and random
+// token ids (header-only; the tests link no extra library for it).
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "framework/model/model.h"
+
+namespace kvlab {
+
+// dim 64, 2 layers, hidden 96, interleaved RoPE with theta 10000 (ModelConfig's defaults).
+inline ModelConfig tiny_llama_config(int vocab_size, int max_seq_len, int n_heads = 4,
+                                     int n_kv_heads = 2, int head_dim = 16) {
+  ModelConfig c;
+  c.arch = "llama";
+  c.dim = 64;
+  c.n_layers = 2;
+  c.n_heads = n_heads;
+  c.n_kv_heads = n_kv_heads;
+  c.head_dim = head_dim;
+  c.hidden_dim = 96;
+  c.vocab_size = vocab_size;
+  c.max_seq_len = max_seq_len;
+  return c;
+}
+
+// n token ids, each rng() % vocab of a std::mt19937 seeded with seed.
+inline std::vector<int32_t> random_tokens(int n, int vocab, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<int32_t> t(n);
+  for (auto& x : t) x = static_cast<int32_t>(rng() % vocab);
+  return t;
+}
+
+}  // namespace kvlab
