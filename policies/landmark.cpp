@@ -70,6 +70,12 @@ class LandmarkPolicy final : public AttentionPolicy {
  public:
   explicit LandmarkPolicy(const LandmarkConfig& c) : c_(c) {}
 
+  PolicyNeeds needs() const override {
+    PolicyNeeds n;
+    n.queries = true;  // chunk scores are query . landmark
+    return n;
+  }
+
   void select(const LayerStep& step, KeySelection& out) override {
     const int n_kv = step.shape.n_kv_heads, d = step.shape.head_dim;
     const int group = step.shape.n_heads / n_kv;

@@ -72,6 +72,17 @@ struct PolicyNeeds {
   // device_backend.h); the emulated device executes the mask, so the engine device tests catch
   // a broken promise. Unset: no promise (per-row lists are used).
   std::optional<PositionMask> prefill_mask;
+  // The policy reads LayerStep::queries. Unset, the span is empty and the device path does not
+  // copy the step's queries back to the host for it.
+  bool queries = false;
+  // Observation window (SnapKV's, TOVA's last query): StepStats::window_attention, per query
+  // head, the attention of the step's last min(observation_window, n_new) rows over every slot.
+  // Given at the prompt-end step only (LayerStep::prompt_end), or on every step with
+  // observe_every_step. When the prompt end arrives in one prefill call, the engine makes that
+  // call's last chunk at least observation_window rows long, so the window never straddles two
+  // chunks. 0 = not needed.
+  int observation_window = 0;
+  bool observe_every_step = false;
 };
 
 // Read-only view of one layer's cache of one sequence, as the policy sees it.
@@ -105,6 +116,13 @@ struct LayerStep {
   std::span<const float> queries;
   const LayerCacheView* cache = nullptr;   // includes the new tokens' slots
   PolicyModelShape shape;
+  // The step's last row is the prompt's last token (Engine::prefill(..., prompt_end = true)):
+  // where methods that compress once per prompt (SnapKV, PyramidKV, AdaKV, kvpress's protocol)
+  // act. Decode steps and plain prefill chunks have it false.
+  bool prompt_end = false;
+  // The sample's seed (Engine::start_sequence), for randomised policies; the same seed gives the
+  // same decisions.
+  uint64_t seed = 0;
 };
 
 // What attention observed, when PolicyNeeds asked for it.
@@ -112,6 +130,11 @@ struct StepStats {
   // [n_kv_heads, n_slots]: key_mass[h * n_slots + s]; empty unless key_attention_mass.
   std::span<const float> key_mass;
   int n_slots = 0;
+  // [n_heads, n_slots]: window_attention[hq * n_slots + s] = sum over the step's last
+  // window_rows rows of the softmax probability query head hq gave slot s (0 for slots it did
+  // not read); empty unless PolicyNeeds::observation_window asked for it at this step.
+  std::span<const float> window_attention;
+  int window_rows = 0;
 };
 
 // The reads of a mask-based policy as a pure function of (layer, KV head, query position i,
