@@ -212,7 +212,9 @@ TEST(H2o, PrefillReducedInOneStepByGqaSummedMass) {
   for (int j = 0; j < 12; ++j) mass[j] = 0.1f, mass[12 + j] = 0.1f;
   mass[3] = 2.f, mass[7] = 1.5f, mass[5] = 1.f, mass[4] = 1.f;  // head 0: 3, 7, then tie 4 < 5
   mass[12 + 0] = 3.f, mass[12 + 9] = 2.f, mass[12 + 1] = 1.f;     // head 1: 0, 9, 1
-  StepStats st{mass, 12};
+  StepStats st;
+  st.key_mass = mass;
+  st.n_slots = 12;
   Evictions ev;
   ev.clear(2);
   p->after_attention(s, st, ev);
@@ -237,7 +239,9 @@ TEST(H2o, ScoresAccumulateAcrossSteps) {
   auto run = [&](int64_t pos, std::vector<float> mass) {
     f.cache.append(pos, k.data(), v.data());
     LayerStep s = f.step({pos});
-    StepStats st{mass, f.cache.n_slots()};
+    StepStats st;
+    st.key_mass = mass;
+    st.n_slots = f.cache.n_slots();
     Evictions ev;
     ev.clear(1);
     p->after_attention(s, st, ev);

@@ -158,7 +158,22 @@ std::vector<PolicyConfig> acting_policy_configs(const std::vector<std::string>& 
       {"landmark", P{{"chunk_size", int64_t(8)}, {"top_k", int64_t(2)}, {"window", int64_t(9)},
                      {"landmark", std::string("mean")}, {"gqa", std::string("sum")},
                      {"local", std::string("exact")}, {"prefill", std::string("select")}}},
-      {"knorm", P{{"keep", 0.2}, {"recent", 0.1}, {"sinks", int64_t(2)}}},
+      {"knorm_plugin", P{{"keep", 0.2}, {"recent", 0.1}, {"sinks", int64_t(2)}}},
+      // Prompt-end policies compress at the conformance schedules' first chunk (prompt_end);
+      // every_step variants compress from the start.
+      {"snapkv", P{{"compression_ratio", 0.5}, {"window", int64_t(4)}}},
+      {"snapkv", P{{"budget_tokens", int64_t(8)}, {"window", int64_t(3)}, {"kernel_size", int64_t(3)},
+                   {"pooling", std::string("max")}, {"compress", std::string("every_step")}}},
+      {"pyramidkv", P{{"compression_ratio", 0.5}, {"window", int64_t(2)}, {"beta", 2.0}}},
+      {"adakv", P{{"compression_ratio", 0.5}, {"window", int64_t(2)}}},
+      {"adakv", P{{"budget_tokens", int64_t(9)}, {"scorer", std::string("tova")},
+                  {"compress", std::string("every_step")}}},
+      {"tova", P{{"compression_ratio", 0.6}}},
+      {"tova", P{{"budget_tokens", int64_t(7)}, {"gqa", std::string("layer")}}},
+      {"knorm", P{{"compression_ratio", 0.5}}},
+      {"random", P{{"budget_tokens", int64_t(6)}, {"compress", std::string("every_step")}}},
+      {"random", P{{"compression_ratio", 0.75}}},
+      {"h2o", P{{"compression_ratio", 0.7}, {"sinks", int64_t(1)}}},
   };
   for (const std::string& n : registered) {  // every registered policy at least once
     bool seen = false;
@@ -199,7 +214,7 @@ std::string check_prefill_mask(const PolicyNeeds& needs, const KeySelection& sel
   return "";
 }
 
-PolicySimulator::Step PolicySimulator::step(AttentionPolicy& policy, int n_new) {
+PolicySimulator::Step PolicySimulator::step(AttentionPolicy& policy, int n_new, bool prompt_end) {
   const PolicyModelShape sh = shape();
   const int H = o_.n_heads, Hkv = o_.n_kv_heads, d = o_.head_dim, G = H / Hkv;
   const float tau = 1.f / std::sqrt(float(d));
@@ -217,7 +232,8 @@ PolicySimulator::Step PolicySimulator::step(AttentionPolicy& policy, int n_new) 
       cache.append(positions[r], k.data(), v.data());
     }
     LayerStep ls{.layer = layer, .is_prefill = n_new > 1, .n_new = n_new, .positions = positions,
-                 .queries = q, .cache = &cache, .shape = sh};
+                 .queries = needs.queries ? std::span<const float>(q) : std::span<const float>(),
+                 .cache = &cache, .shape = sh, .prompt_end = prompt_end, .seed = seed_};
     KeySelection sel;
     sel.select_all();
     policy.select(ls, sel);
@@ -230,6 +246,9 @@ PolicySimulator::Step PolicySimulator::step(AttentionPolicy& policy, int n_new) 
     // is not after the query's.
     const int n_slots = cache.n_slots();
     std::vector<float> mass(needs.key_attention_mass ? size_t(Hkv) * n_slots : 0, 0.f);
+    const bool window = needs.observation_window > 0 && (prompt_end || needs.observe_every_step);
+    const int window_rows = window ? std::min(needs.observation_window, n_new) : 0;
+    std::vector<float> window_att(window ? size_t(H) * n_slots : 0, 0.f);
     std::vector<float> out(size_t(n_new) * H * d, 0.f);
     std::vector<char> selected(n_slots);
     for (int r = 0; r < n_new; ++r)
@@ -252,10 +271,14 @@ PolicySimulator::Step PolicySimulator::step(AttentionPolicy& policy, int n_new) 
         for (int f = 0; f < d; ++f) o[f] = float(ref.out[f]);
         if (!mass.empty())
           for (int s = 0; s < n_slots; ++s) mass[size_t(h) * n_slots + s] += float(ref.p[s]);
+        if (window && r >= n_new - window_rows)
+          for (int s = 0; s < n_slots; ++s) window_att[size_t(qh) * n_slots + s] += float(ref.p[s]);
       }
     StepStats stats;
     stats.key_mass = mass;
     stats.n_slots = n_slots;
+    stats.window_attention = window_att;
+    stats.window_rows = window_rows;
     Evictions ev;
     ev.clear(Hkv);
     policy.after_attention(ls, stats, ev);

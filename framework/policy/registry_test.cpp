@@ -21,10 +21,11 @@ using testing::error_of;
 
 const PolicyModelShape kShape{2, 4, 2, 8, 512};
 
-TEST(PolicyRegistry, HoldsTheSixBuiltins) {
+TEST(PolicyRegistry, HoldsTheBuiltins) {
   PolicyRegistry r = make_builtin_registry();
-  EXPECT_EQ(r.names(), (std::vector<std::string>{"full", "h2o", "landmark", "sinks",
-                                                  "sliding_window", "strided"}));
+  EXPECT_EQ(r.names(), (std::vector<std::string>{"adakv", "full", "h2o", "knorm", "landmark",
+                                                  "pyramidkv", "random", "sinks", "sliding_window",
+                                                  "snapkv", "strided", "tova"}));
   for (const auto& n : r.names()) {
     EXPECT_EQ(r.at(n).name(), n);
     EXPECT_FALSE(r.at(n).doc().empty());
