@@ -158,6 +158,13 @@ std::vector<PolicyConfig> acting_policy_configs(const std::vector<std::string>& 
       {"landmark", P{{"chunk_size", int64_t(8)}, {"top_k", int64_t(2)}, {"window", int64_t(9)},
                      {"landmark", std::string("mean")}, {"gqa", std::string("sum")},
                      {"local", std::string("exact")}, {"prefill", std::string("select")}}},
+      {"landmark", P{{"chunk_size", int64_t(8)}, {"top_k", int64_t(2)}, {"window", int64_t(12)},
+                     {"gqa", std::string("per_head")}}},
+      // The budget convention (POLICIES.md 9; budget_policies_test checks it in detail).
+      {"sinks", P{{"sinks", int64_t(2)}, {"compression_ratio", 0.5}, {"rope_positions", std::string("original")}}},
+      {"sinks", P{{"sinks", int64_t(4)}, {"budget_tokens", int64_t(12)}}},
+      {"landmark", P{{"chunk_size", int64_t(4)}, {"window", int64_t(6)}, {"compression_ratio", 0.5},
+                     {"gqa", std::string("per_head")}, {"prefill", std::string("select")}}},
       {"knorm", P{{"keep", 0.2}, {"recent", 0.1}, {"sinks", int64_t(2)}}},
   };
   for (const std::string& n : registered) {  // every registered policy at least once
@@ -232,6 +239,7 @@ PolicySimulator::Step PolicySimulator::step(AttentionPolicy& policy, int n_new) 
     std::vector<float> mass(needs.key_attention_mass ? size_t(Hkv) * n_slots : 0, 0.f);
     std::vector<float> out(size_t(n_new) * H * d, 0.f);
     std::vector<char> selected(n_slots);
+    std::vector<int64_t> reads(size_t(n_new) * Hkv, 0);
     for (int r = 0; r < n_new; ++r)
       for (int qh = 0; qh < H; ++qh) {
         const int h = qh / G;
@@ -250,6 +258,10 @@ PolicySimulator::Step PolicySimulator::step(AttentionPolicy& policy, int n_new) 
             });
         float* o = out.data() + (size_t(r) * H + qh) * d;
         for (int f = 0; f < d; ++f) o[f] = float(ref.out[f]);
+        if (qh % G == 0)
+          for (int s = 0; s < n_slots; ++s)
+            reads[size_t(r) * Hkv + h] +=
+                selected[s] && cache.slot_valid(s, h) && cache.slot_position(s, h) <= positions[r];
         if (!mass.empty())
           for (int s = 0; s < n_slots; ++s) mass[size_t(h) * n_slots + s] += float(ref.p[s]);
       }
@@ -265,6 +277,7 @@ PolicySimulator::Step PolicySimulator::step(AttentionPolicy& policy, int n_new) 
       res.violations.push_back(str_cat("layer ", layer, ": bad evictions: ", e.what()));
     }
     res.out.push_back(std::move(out));
+    res.reads.push_back(std::move(reads));
     std::vector<int64_t> resident(Hkv);
     for (int h = 0; h < Hkv; ++h) resident[h] = cache.resident(h);
     res.resident.push_back(std::move(resident));
