@@ -58,7 +58,13 @@ std::vector<std::pair<std::string, std::map<std::string, ParamValue>>> acting_po
           {"landmark", {{"chunk_size", int64_t{8}}, {"top_k", int64_t{2}}, {"window", int64_t{12}},
                         {"prefill", std::string("select")}}},
           {"sliding_window", {{"window", int64_t{9}}, {"plus_one", true}, {"mode", std::string("mask")}}},
-          {"sinks", {{"sinks", int64_t{3}}, {"recent", int64_t{7}}, {"rope_positions", std::string("original")}}}};
+          {"sinks", {{"sinks", int64_t{3}}, {"recent", int64_t{7}}, {"rope_positions", std::string("original")}}},
+          // The budget convention (POLICIES.md 9): a ratio window (per-row lists, no prefill
+          // mask), a token budget with sinks (a prefill mask), landmark per_head under a ratio.
+          {"sliding_window", {{"compression_ratio", 0.5}}},
+          {"sinks", {{"sinks", int64_t{2}}, {"budget_tokens", int64_t{12}}}},
+          {"landmark", {{"chunk_size", int64_t{8}}, {"window", int64_t{12}}, {"compression_ratio", 0.5},
+                        {"gqa", std::string("per_head")}, {"prefill", std::string("select")}}}};
 }
 
 struct Trace {
