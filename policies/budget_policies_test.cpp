@@ -184,6 +184,8 @@ TEST(BudgetConvention, ConflictingSizesAreOneErrorEach) {
        "policies[0].params: policy 'sinks': budget_tokens (4) must exceed sinks (4)"},
       {"landmark", {{"top_k", int64_t(2)}, {"compression_ratio", 0.75}},
        "policies[0].params: policy 'landmark': compression_ratio / budget_tokens give the number of chunks read"},
+      {"landmark", {{"sinks", int64_t(8)}, {"budget_tokens", int64_t(8)}},
+       "policies[0].params: policy 'landmark': budget_tokens (8) must exceed sinks (8)"},
       {"landmark", {{"budget_tokens", int64_t(64)}, {"compression_ratio", 0.75}},
        "policies[0].params: policy 'landmark': compression_ratio (0.75) and budget_tokens (64) are two ways"},
       {"sinks", {{"compression_ratio", 1.0}}, "policies[0].params.compression_ratio: policy 'sinks' expects a value in [0, "},

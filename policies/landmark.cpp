@@ -38,8 +38,9 @@
 // region (extension included) holds at most max(1, b - S) keys, and top-K becomes
 // K_i = floor((b - sink keys outside the local region - local keys) / C) (a chunk holding sinks
 // is charged in full), so a row reads at most max(b, S + 1) keys (S + 1: the sinks and the query
-// itself, the floor); b >= i + 1 reads every eligible chunk (with local=extend: everything). top_k is then derived:
-// setting it too is an error. Dense prefill rows (the default) still read everything.
+// itself, the floor); b >= i + 1 reads every eligible chunk (with local=extend: everything).
+// top_k is then derived: setting it too is an error, and so is budget_tokens <= S. Dense
+// prefill rows (the default) still read everything.
 //
 // Defaults C=64, K=32, W=512, S=4; 0 = auto, scaled to the model's training context L when
 // L < 8192: C = clamp(pow2_floor(L/128), 8, 64), W = clamp(L/16, 2C, 512), K = clamp(L/(4C), 2, 32).
@@ -390,6 +391,9 @@ std::unique_ptr<PolicyFactory> make_landmark_factory() {
           fail("compression_ratio / budget_tokens give the number of chunks read (what the budget "
                "leaves after sinks and local region): leave top_k at 0 (auto) or set no budget; "
                "got top_k = ", p.get_int("top_k"));
+        if (c.budget.budget_tokens > 0 && c.budget.budget_tokens <= c.sinks)
+          fail("budget_tokens (", c.budget.budget_tokens, ") must exceed sinks (", c.sinks,
+               "): the sinks count inside the budget, and each query also reads itself");
         c.extend_local = p.get_string("local") == "extend";
         c.dense_prefill = p.get_string("prefill") == "dense";
         if (c.window < 1) fail("landmark: window must be >= 1");
