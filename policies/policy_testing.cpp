@@ -174,6 +174,13 @@ std::vector<PolicyConfig> acting_policy_configs(const std::vector<std::string>& 
       {"random", P{{"budget_tokens", int64_t(6)}, {"compress", std::string("every_step")}}},
       {"random", P{{"compression_ratio", 0.75}}},
       {"h2o", P{{"compression_ratio", 0.7}, {"sinks", int64_t(1)}}},
+      {"landmark", P{{"chunk_size", int64_t(8)}, {"top_k", int64_t(2)}, {"window", int64_t(12)},
+                     {"gqa", std::string("per_head")}}},
+      // The budget convention (POLICIES.md 9; budget_policies_test checks it in detail).
+      {"sinks", P{{"sinks", int64_t(2)}, {"compression_ratio", 0.5}, {"rope_positions", std::string("original")}}},
+      {"sinks", P{{"sinks", int64_t(4)}, {"budget_tokens", int64_t(12)}}},
+      {"landmark", P{{"chunk_size", int64_t(4)}, {"window", int64_t(6)}, {"compression_ratio", 0.5},
+                     {"gqa", std::string("per_head")}, {"prefill", std::string("select")}}},
   };
   for (const std::string& n : registered) {  // every registered policy at least once
     bool seen = false;
@@ -251,6 +258,7 @@ PolicySimulator::Step PolicySimulator::step(AttentionPolicy& policy, int n_new, 
     std::vector<float> window_att(window ? size_t(H) * n_slots : 0, 0.f);
     std::vector<float> out(size_t(n_new) * H * d, 0.f);
     std::vector<char> selected(n_slots);
+    std::vector<int64_t> reads(size_t(n_new) * Hkv, 0);
     for (int r = 0; r < n_new; ++r)
       for (int qh = 0; qh < H; ++qh) {
         const int h = qh / G;
@@ -269,6 +277,10 @@ PolicySimulator::Step PolicySimulator::step(AttentionPolicy& policy, int n_new, 
             });
         float* o = out.data() + (size_t(r) * H + qh) * d;
         for (int f = 0; f < d; ++f) o[f] = float(ref.out[f]);
+        if (qh % G == 0)
+          for (int s = 0; s < n_slots; ++s)
+            reads[size_t(r) * Hkv + h] +=
+                selected[s] && cache.slot_valid(s, h) && cache.slot_position(s, h) <= positions[r];
         if (!mass.empty())
           for (int s = 0; s < n_slots; ++s) mass[size_t(h) * n_slots + s] += float(ref.p[s]);
         if (window && r >= n_new - window_rows)
@@ -288,6 +300,7 @@ PolicySimulator::Step PolicySimulator::step(AttentionPolicy& policy, int n_new, 
       res.violations.push_back(str_cat("layer ", layer, ": bad evictions: ", e.what()));
     }
     res.out.push_back(std::move(out));
+    res.reads.push_back(std::move(reads));
     std::vector<int64_t> resident(Hkv);
     for (int h = 0; h < Hkv; ++h) resident[h] = cache.resident(h);
     res.resident.push_back(std::move(resident));

@@ -73,6 +73,7 @@ class PolicySimulator {
   struct Step {
     std::vector<std::vector<float>> out;        // [layer][n_new * n_heads * head_dim]
     std::vector<std::vector<int64_t>> resident; // [layer][kv_head] after evictions
+    std::vector<std::vector<int64_t>> reads;    // [layer][row * n_kv_heads + kv_head] keys read
     std::vector<std::string> violations;        // selection/eviction contract breaches
   };
   // Feeds n_new tokens (positions n_seen ..) as one step through every layer; prompt_end marks

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <numeric>
 #include <tuple>
+#include <string>
+#include <utility>
 
 #include "framework/core/error.h"
 #include "policies/budget.h"
@@ -32,6 +34,13 @@ ScorerBudget ScorerBudget::from_params(const ParamValues& p, const std::string& 
   b.recent = p.get_float("recent");
   b.keep = p.get_float(keep_name);
   b.ratio = p.get_string("units") == "ratio";
+  // A ratio is a fraction of the tokens seen: above 1 it is almost surely a token count written
+  // without `units: tokens` (heavy: 64 would keep 6400%). Not a static bound of the spec, since
+  // the same parameters take token counts.
+  for (const auto& [name, x] : {std::pair<std::string, double>{"recent", b.recent}, {keep_name, b.keep}})
+    if (b.ratio && x > 1)
+      fail(name, " = ", x, " with units: ratio (the default): a ratio must be in [0, 1] (a fraction "
+           "of the tokens seen); for a token count set units: tokens");
   if (!b.ratio && (b.recent != std::floor(b.recent) || b.keep != std::floor(b.keep)))
     fail("units: tokens needs whole numbers for 'recent' and '", keep_name, "', got ",
          b.recent, " and ", b.keep);

@@ -65,7 +65,13 @@ std::vector<std::pair<std::string, std::map<std::string, ParamValue>>> acting_po
           {"adakv", {{"budget_tokens", int64_t{20}}, {"window", int64_t{4}}}},
           {"tova", {{"budget_tokens", int64_t{16}}}},
           {"knorm", {{"compression_ratio", 0.5}, {"compress", std::string("every_step")}}},
-          {"random", {{"compression_ratio", 0.7}}}};
+          {"random", {{"compression_ratio", 0.7}}},
+          // The budget convention (POLICIES.md 9): a ratio window (per-row lists, no prefill
+          // mask), a token budget with sinks (a prefill mask), landmark per_head under a ratio.
+          {"sliding_window", {{"compression_ratio", 0.5}}},
+          {"sinks", {{"sinks", int64_t{2}}, {"budget_tokens", int64_t{12}}}},
+          {"landmark", {{"chunk_size", int64_t{8}}, {"window", int64_t{12}}, {"compression_ratio", 0.5},
+                        {"gqa", std::string("per_head")}, {"prefill", std::string("select")}}}};
 }
 
 struct Trace {

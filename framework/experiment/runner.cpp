@@ -438,7 +438,11 @@ std::vector<std::string> check_experiment_against_model(const ExperimentSpec& sp
   if (spec.perplexity.enabled) longest = std::max<int64_t>(longest, spec.perplexity.tokens);
   const bool prefill_only_ppl = spec.perplexity.enabled && spec.perplexity.protocol != PplProtocol::kStreaming;
   for (const RunSpec& run : expand_runs(spec)) {
-    const std::string context = "policies." + run.name + ".params";
+    // A combination of values the policy refuses (each value alone passed check_policies) is
+    // reported at the entry's params line, naming the grid point.
+    const SourceRef& ref = spec.policies[run.entry_index].params_ref;
+    const std::string context = ref.line > 0 ? str_cat(ref.str(), " (run ", run.name, ")")
+                                             : "policies." + run.name + ".params";
     const auto policy = registry.create(run.type, run.params, policy_shape(config), context);
     const auto effective = registry.effective_params(run.type, run.params, policy_shape(config), context);
     bool within = longest > 0;
