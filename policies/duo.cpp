@@ -161,9 +161,10 @@ std::unique_ptr<PolicyFactory> make_duo_factory() {
         for (uint8_t r : retrieval) n_retrieval += r;
         const int64_t n_pairs = int64_t(retrieval.size());
         if (budget.compression_ratio > 0 && (1.0 - budget.compression_ratio) * double(n_pairs) < double(n_retrieval))
-          fail("duo: compression_ratio ", budget.compression_ratio, " keeps less than the ", n_retrieval, " of ",
-               n_pairs, " retrieval heads hold alone (at most ", 1.0 - double(n_retrieval) / double(n_pairs),
-               " with this retrieval_fraction)");
+          fail("duo: compression_ratio ", budget.compression_ratio, " keeps less of the cache than the ", n_retrieval,
+               " of ", n_pairs, " (layer, KV head) pairs that are retrieval heads hold alone; with retrieval_fraction ",
+               p.get_float("retrieval_fraction"), " compression_ratio can be at most ",
+               1.0 - double(n_retrieval) / double(n_pairs));
         return std::make_unique<DuoPolicy>(std::move(retrieval), shape.n_kv_heads, p.get_int("sinks"),
                                            p.get_int("recent"), budget);
       },

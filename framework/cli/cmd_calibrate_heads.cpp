@@ -6,6 +6,7 @@
 // pairs that retrieval_fraction 0.25 / 0.5 would make retrieval heads.
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <sstream>
@@ -103,6 +104,11 @@ int run_calibrate_heads(const std::vector<std::string>& args) {
   o.niah.value_digits = vm["value-digits"].as<int>();
   if (o.niah.value_digits < 1 || o.niah.value_digits > 32) fail("--value-digits must be in 1..32, got ", o.niah.value_digits);
   const std::string hay_path = vm["haystack"].as<std::string>(), out_path = vm["output"].as<std::string>();
+  // Before the trials: a head file that cannot be written should not cost the calibration.
+  const std::filesystem::path out_dir = std::filesystem::path(out_path).parent_path();
+  const std::string dir = out_dir.empty() ? std::string(".") : out_dir.string();
+  if (!std::filesystem::is_directory(dir) || ::access(dir.c_str(), W_OK) != 0)
+    fail(out_path, ": cannot write the head file (", dir, " is not a writable directory)");
 
   const std::unique_ptr<Model> model = load_model_from_options(vm);
   const ModelConfig& c = model->config;
