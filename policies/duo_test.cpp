@@ -328,12 +328,12 @@ TEST(DuoEngine, ResidentPerKvHeadAndBlocksFreedForStreamingLayers) {
   EXPECT_GE(d.kv_bytes, (9 + 1) * block_bytes);
 }
 
-TEST(DuoEngine, EmulatedDeviceEqualsTheCpu) {
+void device_equals_the_cpu(const std::string& device) {
   auto model = make_random_model(tiny_config(), DType::kF32, 6);
   for (double f : {0.25, 0.5}) {
     const P duo{{"heads", testing::duo_test_head_file()}, {"retrieval_fraction", f},
                 {"sinks", int64_t(3)}, {"recent", int64_t(9)}};
-    const EngineRun cpu = run(*model, "cpu", duo), emu = run(*model, "emulated", duo);
+    const EngineRun cpu = run(*model, "cpu", duo), emu = run(*model, device, duo);
     ASSERT_EQ(cpu.logits.size(), emu.logits.size());
     // The same tolerance as framework/engine/engine_device_test.cpp for f32: the two paths sum
     // the same fp32 terms in different orders (tiles vs rows).
@@ -345,6 +345,13 @@ TEST(DuoEngine, EmulatedDeviceEqualsTheCpu) {
     EXPECT_LT(diff / scale, 2e-4) << "retrieval_fraction " << f;
     EXPECT_EQ(cpu.resident, emu.resident);
   }
+}
+
+TEST(DuoEngine, EmulatedDeviceEqualsTheCpu) { device_equals_the_cpu("emulated"); }
+
+TEST(DuoEngine, CudaF32EqualsTheCpu) {
+  if (!cuda_device_available()) GTEST_SKIP() << "needs a CUDA GPU: " << cuda_device_summary();
+  device_equals_the_cpu("cuda");
 }
 
 }  // namespace
