@@ -12,9 +12,13 @@
 // streaming) and 1 (all retrieval, == full) need no file; any other value without one is an
 // Error naming `heads`.
 // Defaults follow the reference: S = 64, R = 256 (the README's enable_duo_attention_eval example
-// and duo_attn/utils.py's --sink_size / --recent_size), retrieval_fraction 0.5, the paper's and
-// README's setting for GQA models (sparsify_attention_heads(..., sparsity=0.5)); kvlab's models
-// are GQA (the bundled one, Llama 3, Qwen2). The paper keeps 0.25 for MHA models: set it there.
+// and duo_attn/utils.py's --sink_size / --recent_size). retrieval_fraction -1 (auto, default):
+// 0.5 with a head file, the paper's and README's setting for GQA models
+// (sparsify_attention_heads(..., sparsity=0.5); kvlab's models are GQA: the bundled one, Llama 3,
+// Qwen2; the paper keeps 0.25 for MHA models: set it there), and 0 without one — every head
+// streaming, so that the defaults are a valid policy as every built-in's must be (kvlab policies
+// --instantiate, the registry tests); the resolved value is what results files record
+// (effective_params), so a run without a head file says retrieval_fraction=0.
 // Budget (POLICIES.md 9, kvlab choice): with compression_ratio or budget_tokens set, the budget
 // is the MEAN over the P pairs (equal memory against a uniform policy): retrieval heads keep
 // their n tokens, so the S_h streaming pairs share the rest, each keeping
@@ -116,8 +120,18 @@ class DuoPolicy final : public AttentionPolicy {
   std::vector<int32_t> slots_;  // scratch
 };
 
+// retrieval_fraction with -1 (auto) resolved; Error for any other negative value.
+double resolved_fraction(const ParamValues& p) {
+  const double f = p.get_float("retrieval_fraction");
+  if (f == -1.0) return p.get_string("heads").empty() ? 0.0 : 0.5;
+  if (f < 0)
+    fail("duo: retrieval_fraction ", f, ": expected a fraction in [0, 1], or -1 (auto: 0.5 with a head "
+         "file, 0 without)");
+  return f;
+}
+
 std::vector<uint8_t> retrieval_heads(const ParamValues& p, const PolicyModelShape& shape) {
-  const double fraction = p.get_float("retrieval_fraction");
+  const double fraction = resolved_fraction(p);
   const std::string& path = p.get_string("heads");
   const size_t n_pairs = size_t(shape.n_layers) * shape.n_kv_heads;
   if (path.empty()) {
@@ -137,10 +151,10 @@ std::unique_ptr<PolicyFactory> make_duo_factory() {
        "head file (kvlab calibrate-heads -o FILE): retrieval score per layer and KV head; "
        "not needed for retrieval_fraction 0 or 1",
        std::nullopt, std::nullopt, {}},
-      {"retrieval_fraction", ParamType::kFloat, 0.5,
-       "top fraction of (layer, KV head) pairs by score that keep the full cache (DuoAttention: "
-       "0.5 GQA, 0.25 MHA); rounded up",
-       0.0, 1.0, {}},
+      {"retrieval_fraction", ParamType::kFloat, -1.0,
+       "top fraction of (layer, KV head) pairs by score that keep the full cache, rounded up "
+       "(DuoAttention: 0.5 GQA, 0.25 MHA); -1 = auto: 0.5 with a head file, 0 (all streaming) without",
+       -1.0, 1.0, {}},
       {"sinks", ParamType::kInt, int64_t(64), "S: first tokens a streaming head keeps", 0.0, std::nullopt, {}},
       {"recent", ParamType::kInt, int64_t(256), "R: most recent tokens a streaming head keeps", 0.0,
        std::nullopt, {}},
@@ -163,12 +177,17 @@ std::unique_ptr<PolicyFactory> make_duo_factory() {
         if (budget.compression_ratio > 0 && (1.0 - budget.compression_ratio) * double(n_pairs) < double(n_retrieval))
           fail("duo: compression_ratio ", budget.compression_ratio, " keeps less of the cache than the ", n_retrieval,
                " of ", n_pairs, " (layer, KV head) pairs that are retrieval heads hold alone; with retrieval_fraction ",
-               p.get_float("retrieval_fraction"), " compression_ratio can be at most ",
+               resolved_fraction(p), " compression_ratio can be at most ",
                1.0 - double(n_retrieval) / double(n_pairs));
         return std::make_unique<DuoPolicy>(std::move(retrieval), shape.n_kv_heads, p.get_int("sinks"),
                                            p.get_int("recent"), budget);
       },
-      std::map<std::string, ParamValue>{{"retrieval_fraction", 1.0}});
+      std::map<std::string, ParamValue>{{"retrieval_fraction", 1.0}},
+      [](const ParamValues& p, const PolicyModelShape&) {
+        std::map<std::string, ParamValue> out = p.all();
+        out["retrieval_fraction"] = resolved_fraction(p);
+        return out;
+      });
 }
 
 }  // namespace kvlab

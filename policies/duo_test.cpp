@@ -134,8 +134,16 @@ PolicyModelShape shape_2x2() { return PolicyModelShape{2, 6, 2, 8, 512}; }
 TEST(DuoFactory, ParameterErrorsNameTheParameter) {
   PolicyRegistry r = make_builtin_registry();
   const std::string heads = testing::duo_test_head_file();
-  EXPECT_NE(error_of([&] { r.create("duo", P{}, shape_2x2()); }).find("parameter 'heads'"), std::string::npos);
-  EXPECT_NE(error_of([&] { r.create("duo", P{{"retrieval_fraction", 0.3}}, shape_2x2()); }).find("'heads'"),
+  // Defaults without a head file: every head streaming (auto fraction 0), recorded as such.
+  const ParamValues defaults = validate_params("duo", r.at("duo").params(), P{}, "t");
+  EXPECT_NO_THROW(r.create("duo", P{}, shape_2x2()));
+  EXPECT_EQ(std::get<double>(r.at("duo").effective_params(defaults, shape_2x2()).at("retrieval_fraction")), 0.0);
+  const ParamValues with_file = validate_params("duo", r.at("duo").params(), P{{"heads", heads}}, "t");
+  EXPECT_EQ(std::get<double>(r.at("duo").effective_params(with_file, shape_2x2()).at("retrieval_fraction")), 0.5);
+  EXPECT_NE(error_of([&] { r.create("duo", P{{"retrieval_fraction", 0.3}}, shape_2x2()); }).find("parameter 'heads'"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { r.create("duo", P{{"retrieval_fraction", -0.5}}, shape_2x2()); })
+                .find("retrieval_fraction -0.5: expected a fraction in [0, 1], or -1"),
             std::string::npos);
   EXPECT_NO_THROW(r.create("duo", P{{"retrieval_fraction", 0.0}}, shape_2x2()));
   EXPECT_NO_THROW(r.create("duo", P{{"retrieval_fraction", 1.0}}, shape_2x2()));
@@ -146,7 +154,7 @@ TEST(DuoFactory, ParameterErrorsNameTheParameter) {
   EXPECT_NE(error_of([&] { r.create("duo", P{{"heads", heads}, {"retrieval_fraction", 1.5}}, shape_2x2()); })
                 .find("retrieval_fraction"),
             std::string::npos);
-  // Half the pairs are retrieval heads: removing 75% of the context is impossible.
+  // Half the pairs (auto with a file: 0.5) are retrieval heads: removing 75% is impossible.
   EXPECT_NE(error_of([&] { r.create("duo", P{{"heads", heads}, {"compression_ratio", 0.75}}, shape_2x2()); })
                 .find("compression_ratio 0.75"),
             std::string::npos);
@@ -195,6 +203,16 @@ TEST(DuoPolicy, RetrievalHeadsKeepAllStreamingHeadsSinksAndRecent) {
     EXPECT_EQ(p->budget_tokens(0, seen), 8);
     EXPECT_EQ(p->budget_tokens(1, seen), -1);
   }
+}
+
+TEST(DuoPolicy, DefaultsWithoutAHeadFileAreAllStreaming) {
+  PolicyRegistry r = make_builtin_registry();
+  testing::PolicySimulator sim(sim_options(), 5);
+  auto p = r.create("duo", P{{"sinks", int64_t(2)}, {"recent", int64_t(4)}}, sim.shape());
+  for (int n : {11, 1, 1}) sim.step(*p, n);
+  for (int l = 0; l < 2; ++l)
+    for (int h = 0; h < 2; ++h)
+      EXPECT_EQ(resident_positions(sim.cache(l), h), (std::vector<int64_t>{0, 1, 9, 10, 11, 12}));
 }
 
 TEST(DuoPolicy, ABudgetIsTheMeanOverPairs) {

@@ -83,7 +83,8 @@ def main():
               "--lengths", "256", "--depths", "50"], "dir.tsv"),
             (["generate", "--model", model, "--prompt", "Hi", "-n", "1", "--policy", "duo",
               "--policy-param", f"heads={bad_heads}"], f"{bad_heads}:4: layer '7'"),
-            (["generate", "--model", model, "--prompt", "Hi", "-n", "1", "--policy", "duo"], "'heads'"),
+            (["generate", "--model", model, "--prompt", "Hi", "-n", "1", "--policy", "duo",
+              "--policy-param", "retrieval_fraction=0.3"], "parameter 'heads'"),
         ]
         for args, want in cases:
             b = run(*args)
