@@ -118,6 +118,10 @@ struct PolicyConfig {
   std::map<std::string, ParamValue> params;
 };
 std::vector<PolicyConfig> acting_policy_configs(const std::vector<std::string>& registered);
+// A `duo` head file for the suites' shape (2 layers x 2 KV heads), written once per process
+// into the temporary directory; scores (layer, kv_head): (0,0) 0.125, (0,1) 0.5, (1,0) 0.25,
+// (1,1) 1.
+const std::string& duo_test_head_file();
 std::string describe(const PolicyConfig& c);  // "policy{key=value ...}"
 
 // max |a - b|; infinity for a size mismatch or any NaN.
