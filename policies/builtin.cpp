@@ -9,6 +9,7 @@ void register_builtin_policies(PolicyRegistry& registry) {
   registry.add(make_sinks_factory());
   registry.add(make_h2o_factory());
   registry.add(make_landmark_factory());
+  registry.add(make_quest_factory());
 }
 
 PolicyRegistry make_builtin_registry() {

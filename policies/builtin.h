@@ -6,6 +6,7 @@
 //   sinks           StreamingLLM: S sinks + R recent, evicted after each step (POLICIES.md 4)
 //   h2o             heavy hitters by accumulated attention mass (POLICIES.md 5), a ScorerPolicy
 //   landmark        training-free HiLS-style chunk selection (POLICIES.md 6)
+//   quest           Quest: current page + top pages by a min/max key bound (POLICIES.md 15)
 #pragma once
 
 #include <memory>
@@ -21,8 +22,9 @@ std::unique_ptr<PolicyFactory> make_strided_factory();
 std::unique_ptr<PolicyFactory> make_sinks_factory();
 std::unique_ptr<PolicyFactory> make_h2o_factory();
 std::unique_ptr<PolicyFactory> make_landmark_factory();
+std::unique_ptr<PolicyFactory> make_quest_factory();
 
-// Adds the six built-ins to `registry`.
+// Adds the built-ins to `registry`.
 void register_builtin_policies(PolicyRegistry& registry);
 // A registry holding the built-ins.
 PolicyRegistry make_builtin_registry();

@@ -58,7 +58,7 @@ SimOptions sim_options() {
 }
 
 TEST(PolicyConformance, RegistryHoldsBuiltinsAndPlugin) {
-  EXPECT_EQ(registry().names().size(), 7u);
+  EXPECT_EQ(registry().names().size(), 8u);
   EXPECT_NE(registry().find("knorm"), nullptr);
   EXPECT_EQ(registry().origin("knorm"), KVLAB_EXAMPLE_PLUGIN);
 }

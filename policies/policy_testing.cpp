@@ -203,6 +203,8 @@ std::vector<PolicyConfig> acting_policy_configs(const std::vector<std::string>& 
                      {"landmark", std::string("mean")}, {"gqa", std::string("sum")},
                      {"local", std::string("exact")}, {"prefill", std::string("select")}}},
       {"knorm", P{{"keep", 0.2}, {"recent", 0.1}, {"sinks", int64_t(2)}}},
+      {"quest", P{{"budget_tokens", int64_t(12)}, {"dense_layers", int64_t(1)}}},
+      {"quest", P{{"compression_ratio", 0.6}, {"dense_layers", int64_t(0)}, {"gqa", std::string("union")}}},
   };
   for (const std::string& n : registered) {  // every registered policy at least once
     bool seen = false;

@@ -61,6 +61,7 @@ TEST(EnginePolicies, EveryBuiltinRunsWithinItsBudget) {
       {"sinks", {{"sinks", int64_t{2}}, {"recent", int64_t{10}}}},
       {"sliding_window", {{"window", int64_t{9}}}},
       {"strided", {{"stride", int64_t{5}}}},
+      {"quest", {{"budget_tokens", int64_t{16}}, {"dense_layers", int64_t{1}}}},
   };
   for (const std::string& name : registry.names()) {
     for (bool defaults : {true, false}) {

@@ -21,9 +21,9 @@ using testing::error_of;
 
 const PolicyModelShape kShape{2, 4, 2, 8, 512};
 
-TEST(PolicyRegistry, HoldsTheSixBuiltins) {
+TEST(PolicyRegistry, HoldsTheBuiltins) {
   PolicyRegistry r = make_builtin_registry();
-  EXPECT_EQ(r.names(), (std::vector<std::string>{"full", "h2o", "landmark", "sinks",
+  EXPECT_EQ(r.names(), (std::vector<std::string>{"full", "h2o", "landmark", "quest", "sinks",
                                                   "sliding_window", "strided"}));
   for (const auto& n : r.names()) {
     EXPECT_EQ(r.at(n).name(), n);
