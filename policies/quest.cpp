@@ -63,6 +63,8 @@ class QuestPolicy final : public AttentionPolicy {
     const LayerCacheView& cache = *step.cache;
     const int n_kv = step.shape.n_kv_heads, d = step.shape.head_dim;
     const int group = step.shape.n_heads / n_kv;
+    if (step.queries.size() < size_t(step.shape.n_heads) * d)
+      fail("quest: the step carries no queries (PolicyNeeds::queries)");
     const int ps = cache.page_size(), n_pages = cache.n_pages(), n_slots = cache.n_slots();
     const int64_t n_seen = step.positions[0] + 1, budget = c_.budget.kept(n_seen);
     const int64_t pages_read = budget >= n_seen ? n_pages : std::max<int64_t>(1, budget / ps);
