@@ -12,8 +12,9 @@ P - 1 other pages (gqa=max: max of u_p over the KV head's query heads; gqa=union
 each query head's own top P - 1), and dense attention in prefill and in the first dense_layers.
 
 Float tolerance: kvlab scores in float32, this script in float64. Each term max(q M, q m) is one
-rounded product (relative error u = 2^-24) and the d terms are summed in float32 (error <=
-(d - 1) u sum |terms|), so a kvlab score is within d u sum|terms| (to first order; x1.01 covers the
+rounded product (relative error u = 2^-24; kvlab writes it q+ M + q- m with one product exactly 0)
+and the d terms are summed in float32 in some order (any summation tree: error <= (d - 1) u
+sum |terms|), so a kvlab score is within d u sum|terms| (to first order; x1.01 covers the
 rest) of the exact one. Two pages may therefore swap places only when their exact scores differ
 by less than the sum of their bounds; any other difference fails.
 
