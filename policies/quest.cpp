@@ -70,6 +70,7 @@ class QuestPolicy final : public AttentionPolicy {
     const int64_t pages_read = budget >= n_seen ? n_pages : std::max<int64_t>(1, budget / ps);
     const int last = n_pages - 1;                               // the current page: always read
     const int64_t top = std::min<int64_t>(pages_read - 1, last);  // chosen among pages [0, last)
+    if (top > 0 && top < last) score_pages(cache, step.queries, n_kv * group, group, d, last);
     out.begin(1, n_kv);
     for (int h = 0; h < n_kv; ++h) {
       chosen_.assign(size_t(n_pages), 0);
@@ -77,14 +78,14 @@ class QuestPolicy final : public AttentionPolicy {
       if (top == last) {
         std::fill(chosen_.begin(), chosen_.end(), 1);
       } else if (top > 0) {
-        score_pages(cache, step.queries, h, group, d, last);
+        const float* head_scores = scores_.data() + size_t(h) * group * last;
         if (c_.gqa == QuestGqa::kMax) {
           agg_.assign(size_t(last), -std::numeric_limits<float>::infinity());
           for (int g = 0; g < group; ++g)
-            for (int p = 0; p < last; ++p) agg_[p] = std::max(agg_[p], scores_[size_t(g) * last + p]);
+            for (int p = 0; p < last; ++p) agg_[p] = std::max(agg_[p], head_scores[size_t(g) * last + p]);
           choose_top(agg_.data(), last, top);
         } else {
-          for (int g = 0; g < group; ++g) choose_top(scores_.data() + size_t(g) * last, last, top);
+          for (int g = 0; g < group; ++g) choose_top(head_scores + size_t(g) * last, last, top);
         }
       }
       for (int p = 0; p < n_pages; ++p)
@@ -96,37 +97,39 @@ class QuestPolicy final : public AttentionPolicy {
   void reset() override {}
 
  private:
-  // scores_[g * n + p] = u_p of query head h*G + g for pages p < n; -inf for a page without a
-  // valid key of head h (its bounds are -inf / +inf) and for a NaN score.
+  // scores_[hq * n + p] = u_p of query head hq (KV head hq / G) for pages p < n; -inf for a page
+  // without a valid key of the KV head (its bounds are -inf / +inf) and for a NaN score. Pages
+  // outer, heads inner: the store's bounds are laid out [page, kv_head, feat], so this sweeps them
+  // in memory order.
   // max(q_d M_d, q_d m_d) = q+_d M_d + q-_d m_d with q+ = max(q, 0), q- = min(q, 0) (M >= m), so
   // u_p is two dot products, summed in 8 independent partial sums (one SIMD register).
-  void score_pages(const LayerCacheView& cache, std::span<const float> q_all, int h, int group,
+  void score_pages(const LayerCacheView& cache, std::span<const float> q_all, int n_heads, int group,
                    int d, int n) {
-    scores_.assign(size_t(group) * n, -std::numeric_limits<float>::infinity());
-    q_pos_.resize(size_t(group) * d);
-    q_neg_.resize(size_t(group) * d);
-    for (int i = 0; i < group * d; ++i) {
-      const float x = q_all[size_t(h) * group * d + i];
-      q_pos_[i] = std::max(x, 0.f);
-      q_neg_[i] = std::min(x, 0.f);
+    scores_.assign(size_t(n_heads) * n, -std::numeric_limits<float>::infinity());
+    q_pos_.resize(size_t(n_heads) * d);
+    q_neg_.resize(size_t(n_heads) * d);
+    for (size_t i = 0; i < size_t(n_heads) * d; ++i) {
+      q_pos_[i] = std::max(q_all[i], 0.f);
+      q_neg_[i] = std::min(q_all[i], 0.f);
     }
-    for (int p = 0; p < n; ++p) {
-      const float* mx = cache.page_key_max(p, h);
-      const float* mn = cache.page_key_min(p, h);
-      if (!mx || !mn) fail("quest: the cache keeps no page statistics (PolicyNeeds::page_stats)");
-      if (!(mx[0] >= mn[0])) continue;  // no valid key of this head in the page
-      for (int g = 0; g < group; ++g) {
-        const float* qp = q_pos_.data() + size_t(g) * d;
-        const float* qn = q_neg_.data() + size_t(g) * d;
-        float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-        int f = 0;
-        for (; f + 8 <= d; f += 8)
-          for (int l = 0; l < 8; ++l) acc[l] += qp[f + l] * mx[f + l] + qn[f + l] * mn[f + l];
-        float u = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-        for (; f < d; ++f) u += qp[f] * mx[f] + qn[f] * mn[f];
-        if (!std::isnan(u)) scores_[size_t(g) * n + p] = u;
+    for (int p = 0; p < n; ++p)
+      for (int h = 0; h < n_heads / group; ++h) {
+        const float* mx = cache.page_key_max(p, h);
+        const float* mn = cache.page_key_min(p, h);
+        if (!mx || !mn) fail("quest: the cache keeps no page statistics (PolicyNeeds::page_stats)");
+        if (!(mx[0] >= mn[0])) continue;  // no valid key of this head in the page
+        for (int hq = h * group; hq < (h + 1) * group; ++hq) {
+          const float* qp = q_pos_.data() + size_t(hq) * d;
+          const float* qn = q_neg_.data() + size_t(hq) * d;
+          float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+          int f = 0;
+          for (; f + 8 <= d; f += 8)
+            for (int l = 0; l < 8; ++l) acc[l] += qp[f + l] * mx[f + l] + qn[f + l] * mn[f + l];
+          float u = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+          for (; f < d; ++f) u += qp[f] * mx[f] + qn[f] * mn[f];
+          if (!std::isnan(u)) scores_[size_t(hq) * n + p] = u;
+        }
       }
-    }
   }
   // Marks in chosen_ the k best of score[0, n) (higher first, then the lower page), skipping
   // pages that cannot be read (-inf).
