@@ -25,7 +25,7 @@ using Config = testing::PolicyConfig;
 using testing::describe;
 std::vector<Config> configs() { return testing::acting_policy_configs(registry().names()); }
 
-// Prefill chunk, then decode steps.
+// Prefill chunk (the prompt's end: prompt-end policies compress there), then decode steps.
 const std::vector<int> kSchedule = [] {  // a prefill chunk, decode, a second chunk, decode
   std::vector<int> s = {13};
   for (int i = 0; i < 30; ++i) s.push_back(1);
@@ -39,7 +39,7 @@ using Trace = std::vector<PolicySimulator::Step>;
 Trace run(AttentionPolicy& p, const SimOptions& o, uint64_t seed, const std::vector<int>& sched) {
   PolicySimulator sim(o, seed);
   Trace t;
-  for (int n : sched) t.push_back(sim.step(p, n));
+  for (size_t i = 0; i < sched.size(); ++i) t.push_back(sim.step(p, sched[i], i == 0));
   return t;
 }
 
@@ -58,9 +58,9 @@ SimOptions sim_options() {
 }
 
 TEST(PolicyConformance, RegistryHoldsBuiltinsAndPlugin) {
-  EXPECT_EQ(registry().names().size(), 8u);
-  EXPECT_NE(registry().find("knorm"), nullptr);
-  EXPECT_EQ(registry().origin("knorm"), KVLAB_EXAMPLE_PLUGIN);
+  EXPECT_EQ(registry().names().size(), make_builtin_registry().names().size() + 1);
+  EXPECT_NE(registry().find("knorm_plugin"), nullptr);
+  EXPECT_EQ(registry().origin("knorm_plugin"), KVLAB_EXAMPLE_PLUGIN);
 }
 
 TEST(PolicyConformance, UnlimitedBudgetEqualsFull) {
@@ -118,8 +118,9 @@ TEST(PolicyConformance, MaskPoliciesEqualDenseMaskedReference) {
     }
     PolicySimulator sim(o, 21);
     int64_t pos = 0;
+    size_t step_index = 0;
     for (int n : kSchedule) {
-      auto st = sim.step(*p, n);
+      auto st = sim.step(*p, n, step_index++ == 0);  // the first chunk ends the prompt
       ASSERT_TRUE(st.violations.empty()) << st.violations[0];
       if (!(mask->decode_only && n > 1))
         for (int layer = 0; layer < o.n_layers; ++layer)
@@ -147,8 +148,9 @@ TEST(PolicyConformance, InvariantsEachStep) {
     const ParamValues v = validate_params(c.policy, registry().at(c.policy).params(), c.params, "t");
     const bool has_sinks = v.all().count("sinks") && c.policy != "landmark";  // landmark: read-only sinks
     const int64_t sinks = has_sinks ? v.get_int("sinks") : 0;
+    size_t step_index = 0;
     for (int n : kSchedule) {
-      auto st = sim.step(*p, n);
+      auto st = sim.step(*p, n, step_index++ == 0);  // the first chunk ends the prompt
       ASSERT_TRUE(st.violations.empty()) << st.violations[0];
       for (int layer = 0; layer < o.n_layers; ++layer) {
         const int64_t budget = p->budget_tokens(layer, sim.n_seen());
@@ -184,9 +186,9 @@ TEST(PolicyConformance, DeterministicBatchedAndReset) {
     auto pa = make(), pb = make();
     PolicySimulator sa(o, 31), sb(o, 32);
     Trace ta, tb;
-    for (int n : kSchedule) {
-      ta.push_back(sa.step(*pa, n));
-      tb.push_back(sb.step(*pb, n));
+    for (size_t i = 0; i < kSchedule.size(); ++i) {
+      ta.push_back(sa.step(*pa, kSchedule[i], i == 0));
+      tb.push_back(sb.step(*pb, kSchedule[i], i == 0));
     }
     EXPECT_EQ(trace_diff(ta, alone_a), 0.f) << "batched != alone (a)";
     EXPECT_EQ(trace_diff(tb, alone_b), 0.f) << "batched != alone (b)";

@@ -68,7 +68,7 @@ std::vector<float> run_logits(Engine& e, std::unique_ptr<AttentionPolicy> p,
                               const std::function<void(SeqId, int64_t)>& each_step = {}) {
   const SeqId s = e.start_sequence(std::move(p));
   std::vector<float> all, lg;
-  EXPECT_EQ(e.prefill(s, std::span(tokens.data(), kPrefill), all, true), StepStatus::kOk);
+  EXPECT_EQ(e.prefill(s, std::span(tokens.data(), kPrefill), all, true, /*prompt_end=*/true), StepStatus::kOk);
   if (each_step) each_step(s, kPrefill);
   for (size_t i = kPrefill; i < tokens.size(); ++i) {
     EXPECT_EQ(e.decode(std::span(&s, 1), std::span(&tokens[i], 1), lg), StepStatus::kOk);
@@ -295,8 +295,8 @@ TEST(EngineConformance, BatchedEqualsAloneAndResetEqualsNew) {
     Engine batch(tiny_model(), engine_options(2));
     const SeqId sa = batch.start_sequence(make(c)), sb = batch.start_sequence(make(c));
     std::vector<float> la, lb, lg;
-    ASSERT_EQ(batch.prefill(sa, std::span(ta.data(), kPrefill), la, true), StepStatus::kOk);
-    ASSERT_EQ(batch.prefill(sb, std::span(tb.data(), kPrefill), lb, true), StepStatus::kOk);
+    ASSERT_EQ(batch.prefill(sa, std::span(ta.data(), kPrefill), la, true, true), StepStatus::kOk);
+    ASSERT_EQ(batch.prefill(sb, std::span(tb.data(), kPrefill), lb, true, true), StepStatus::kOk);
     const std::vector<SeqId> both = {sa, sb};
     const size_t vocab = 97;
     for (int i = kPrefill; i < kTokens; ++i) {

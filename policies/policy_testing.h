@@ -83,10 +83,14 @@ class PolicySimulator {
   struct Step {
     std::vector<std::vector<float>> out;        // [layer][n_new * n_heads * head_dim]
     std::vector<std::vector<int64_t>> resident; // [layer][kv_head] after evictions
+    std::vector<std::vector<int64_t>> reads;    // [layer][row * n_kv_heads + kv_head] keys read
     std::vector<std::string> violations;        // selection/eviction contract breaches
   };
-  // Feeds n_new tokens (positions n_seen ..) as one step through every layer.
-  Step step(AttentionPolicy& policy, int n_new);
+  // Feeds n_new tokens (positions n_seen ..) as one step through every layer; prompt_end marks
+  // the step as the prompt's end (LayerStep::prompt_end). Queries reach the policy only when
+  // its needs() ask (as in the engine); the observation window (PolicyNeeds) comes from the
+  // same fp64 reference rows as the outputs.
+  Step step(AttentionPolicy& policy, int n_new, bool prompt_end = false);
   // A new sample: fresh cache and seed, position 0 (the policy is reset by the caller).
   void restart(uint64_t seed);
   int64_t n_seen() const { return n_seen_; }
@@ -124,6 +128,10 @@ struct PolicyConfig {
   std::map<std::string, ParamValue> params;
 };
 std::vector<PolicyConfig> acting_policy_configs(const std::vector<std::string>& registered);
+// A `duo` head file for the suites' shape (2 layers x 2 KV heads), written once per process
+// into the temporary directory; scores (layer, kv_head): (0,0) 0.125, (0,1) 0.5, (1,0) 0.25,
+// (1,1) 1.
+const std::string& duo_test_head_file();
 std::string describe(const PolicyConfig& c);  // "policy{key=value ...}"
 
 // max |a - b|; infinity for a size mismatch or any NaN.

@@ -33,7 +33,7 @@ class KnormFactory final : public kvlab::SimplePolicyFactory {
  public:
   KnormFactory()
       : SimplePolicyFactory(
-            "knorm", "keeps the lowest-L2-norm keys + sinks + recent (example plugin)",
+            "knorm_plugin", "keeps the lowest-L2-norm keys + sinks + recent (example plugin)",
             kvlab::scorer_param_specs({.keep_name = "keep", .sinks = 4, .recent = 0.1, .keep = 0.1}),
             [](const kvlab::ParamValues& p, const kvlab::PolicyModelShape&) {
               return std::make_unique<KnormPolicy>(kvlab::ScorerBudget::from_params(p));
@@ -43,4 +43,4 @@ class KnormFactory final : public kvlab::SimplePolicyFactory {
 
 }  // namespace
 
-KVLAB_POLICY_PLUGIN("knorm", KnormFactory)
+KVLAB_POLICY_PLUGIN("knorm_plugin", KnormFactory)

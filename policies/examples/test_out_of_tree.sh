@@ -16,7 +16,7 @@ cmake -S "$src/policies/examples" -B "$work/build" -DKVLAB_ROOT="$work/prefix" -
 cmake --build "$work/build"
 out=$("$kvlab" policies --instantiate --plugin "$work/build/knorm.so")
 echo "$out"
-grep -q "^knorm" <<<"$out" || { echo "knorm not listed by kvlab policies" >&2; exit 1; }
+grep -q "^knorm_plugin" <<<"$out" || { echo "knorm_plugin not listed by kvlab policies" >&2; exit 1; }
 grep -q "keep" <<<"$out" || { echo "knorm parameters not listed" >&2; exit 1; }
 # A library that is not a plugin: the error names the file and the symbol.
 nosym=$(find "$bin" -name 'libkvlab_test_plugin_nosym.so' | head -n 1)
