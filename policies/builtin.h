@@ -13,6 +13,7 @@
 //   knorm           lowest-L2-norm keys (arXiv 2406.11430)
 //   random          seeded random eviction: the floor
 //   duo             DuoAttention: retrieval heads keep all, streaming heads sinks + recent (16)
+//   quest           Quest: current page + top pages by a min/max key bound (POLICIES.md 15)
 #pragma once
 
 #include <memory>
@@ -35,6 +36,7 @@ std::unique_ptr<PolicyFactory> make_tova_factory();
 std::unique_ptr<PolicyFactory> make_knorm_factory();
 std::unique_ptr<PolicyFactory> make_random_factory();
 std::unique_ptr<PolicyFactory> make_duo_factory();
+std::unique_ptr<PolicyFactory> make_quest_factory();
 
 // Adds the built-ins to `registry`.
 void register_builtin_policies(PolicyRegistry& registry);

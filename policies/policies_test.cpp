@@ -6,6 +6,7 @@
 #include <numeric>
 #include <set>
 
+#include "framework/core/error.h"
 #include "framework/policy/simple_factory.h"
 #include "policies/builtin.h"
 #include "policies/policy_testing.h"
@@ -440,6 +441,121 @@ TEST(CacheScan, FlatAndVirtualPathsAgreeAcrossCompaction) {
     EXPECT_GT(sim.cache(0).compactions(), 0);
     EXPECT_EQ(sim.cache(0).resident(0), 8);
   }
+}
+
+}  // namespace
+}  // namespace kvlab
+
+namespace kvlab {
+namespace {
+
+// The fake cache's page bounds (the reference for the store's bookkeeping in the simulator)
+// equal a max / min over each page's valid keys, through appends, per-head evictions and
+// compaction; nullptr while off.
+TEST(FakeLayerCache, PageBoundsFollowAppendsEvictionsAndCompaction) {
+  const int H = 2, D = 3, bs = 4;
+  FakeLayerCache c(H, D, true, bs);
+  std::vector<float> k(H * D), v(H * D, 0.f);
+  uint32_t x = 7;
+  auto next = [&] { x = x * 1664525u + 1013904223u; return float(x >> 8) / float(1 << 24) - 0.5f; };
+  auto check = [&] {
+    for (int p = 0; p < c.n_pages(); ++p)
+      for (int h = 0; h < H; ++h)
+        for (int f = 0; f < D; ++f) {
+          float mx = -INFINITY, mn = INFINITY;
+          for (int s = p * bs; s < std::min(c.n_slots(), (p + 1) * bs); ++s)
+            if (c.slot_valid(s, h)) mx = std::max(mx, c.key(s, h)[f]), mn = std::min(mn, c.key(s, h)[f]);
+          ASSERT_EQ(c.page_key_max(p, h)[f], mx) << p << " " << h;
+          ASSERT_EQ(c.page_key_min(p, h)[f], mn) << p << " " << h;
+        }
+  };
+  for (int t = 0; t < 10; ++t) {
+    for (float& e : k) e = next();
+    c.append(t, k.data(), v.data());
+  }
+  EXPECT_EQ(c.page_key_max(0, 0), nullptr);
+  c.set_page_stats(true);
+  check();
+  int64_t pos = 10;
+  for (int round = 0; round < 6; ++round) {
+    for (int t = 0; t < 7; ++t, ++pos) {
+      for (float& e : k) e = next();
+      c.append(pos, k.data(), v.data());
+    }
+    check();
+    Evictions ev;
+    ev.clear(H);
+    for (int h = 0; h < H; ++h)
+      for (int s = 0; s < c.n_slots(); ++s)
+        if (c.slot_valid(s, h) && (s + h + round) % 3 == 0) ev.slots[h].push_back(s);
+    c.evict(ev);
+    check();
+  }
+  EXPECT_GT(c.compactions(), 0);
+  EXPECT_THROW(c.page_key_max(c.n_pages(), 0), Error);
+}
+
+// A hand-built decode step: the page whose bounds align with the query wins; the current page is
+// always read; prefill, dense layers and an unlimited budget read everything.
+TEST(Quest, ReadsTheCurrentPageAndTheTopPagesByBound) {
+  const int H = 2, Hkv = 1, D = 2, bs = 4;  // G = 2
+  FakeLayerCache c(Hkv, D, true, bs);
+  c.set_page_stats(true);
+  std::vector<float> v(D, 0.f);
+  for (int t = 0; t < 18; ++t) {  // 5 pages, the last one partial (2 slots)
+    // page 2 holds a key with a large first feature; page 3 a large negative second feature
+    float k[2] = {0.1f, 0.1f};
+    if (t == 9) k[0] = 5.f;
+    if (t == 14) k[1] = -4.f;
+    c.append(t, k, v.data());
+  }
+  const PolicyModelShape shape{3, H, Hkv, D, 512};
+  const std::vector<int64_t> pos = {17};
+  // query head 0 likes feature 0; query head 1 likes negative feature 1
+  const std::vector<float> q = {1.f, 0.f, 0.f, -1.f};
+  auto select = [&](const std::map<std::string, ParamValue>& params, int layer, bool prefill = false) {
+    auto p = make("quest", params, shape);
+    EXPECT_TRUE(p->needs().page_stats);
+    EXPECT_TRUE(p->needs().queries);
+    EXPECT_EQ(p->budget_tokens(layer, 18), -1);  // nothing is evicted
+    LayerStep st{.layer = layer, .is_prefill = prefill, .n_new = 1, .positions = pos, .queries = q,
+                 .cache = &c, .shape = shape};
+    KeySelection sel;
+    sel.select_all();
+    p->select(st, sel);
+    std::vector<std::pair<int, int>> out;
+    if (!sel.all)
+      for (const SlotRange& r : sel.list(0, 0)) out.push_back({r.begin, r.end});
+    return std::make_pair(sel.all, out);
+  };
+  using R = std::vector<std::pair<int, int>>;
+  // 8 tokens = 2 pages: the current page 4 and the best other page. max: page 2 (score 5 vs 4).
+  EXPECT_EQ(select({{"budget_tokens", int64_t(8)}, {"dense_layers", int64_t(0)}}, 0).second, (R{{8, 12}, {16, 18}}));
+  // union: query head 0 picks page 2, head 1 page 3: pages 2, 3, 4 (merged into one range).
+  EXPECT_EQ(select({{"budget_tokens", int64_t(8)}, {"dense_layers", int64_t(0)}, {"gqa", std::string("union")}}, 0).second,
+            (R{{8, 18}}));
+  // Below one page: the current page only. 12 tokens: pages 2, 3 and the current one.
+  EXPECT_EQ(select({{"budget_tokens", int64_t(3)}, {"dense_layers", int64_t(0)}}, 0).second, (R{{16, 18}}));
+  EXPECT_EQ(select({{"budget_tokens", int64_t(12)}, {"dense_layers", int64_t(0)}}, 0).second, (R{{8, 18}}));
+  // compression_ratio 0.5 of 18 tokens: 9 kept -> 2 pages.
+  EXPECT_EQ(select({{"compression_ratio", 0.5}, {"dense_layers", int64_t(0)}}, 2).second, (R{{8, 12}, {16, 18}}));
+  // A budget covering every page: all of them, as explicit lists.
+  EXPECT_EQ(select({{"budget_tokens", int64_t(20)}, {"dense_layers", int64_t(0)}}, 0).second, (R{{0, 18}}));
+  // Dense: the first dense_layers layers (default 2), prefill, no budget.
+  EXPECT_TRUE(select({{"budget_tokens", int64_t(8)}}, 1).first);
+  EXPECT_FALSE(select({{"budget_tokens", int64_t(8)}}, 2).first);
+  EXPECT_TRUE(select({{"budget_tokens", int64_t(8)}, {"dense_layers", int64_t(0)}}, 0, true).first);
+  EXPECT_TRUE(select({{"dense_layers", int64_t(0)}}, 0).first);
+  // Without the store's page statistics: a clear error, not a wrong selection.
+  c.set_page_stats(false);
+  EXPECT_THROW(select({{"budget_tokens", int64_t(8)}, {"dense_layers", int64_t(0)}}, 0), Error);
+}
+
+TEST(Quest, BadParametersAreErrors) {
+  const PolicyModelShape shape{2, 4, 2, 8, 512};
+  EXPECT_THROW(make("quest", {{"gqa", std::string("sum")}}, shape), Error);
+  EXPECT_THROW(make("quest", {{"budget_tokens", int64_t(8)}, {"compression_ratio", 0.5}}, shape), Error);
+  EXPECT_THROW(make("quest", {{"dense_layers", int64_t(-1)}}, shape), Error);
 }
 
 }  // namespace

@@ -88,6 +88,7 @@ std::vector<Case> cases(int64_t n) {
       {"h2o 12.5%+12.5%", "h2o", {{"heavy", 0.125}, {"recent", 0.125}}},
       {"landmark C64 W512 K=(n/4-W)/C", "landmark",
        {{"chunk_size", int64_t(64)}, {"window", int64_t(512)}, {"top_k", std::max<int64_t>(1, (q - 512) / 64)}}},
+      {"quest 25% reads (dense 2 layers)", "quest", {{"compression_ratio", 0.75}}},
   };
 }
 
@@ -279,6 +280,7 @@ LayerResult run_layers_case(const ModelConfig& cfg, const PolicyRegistry& regist
   const SeqId seq = store.create_sequence();
   auto policy = registry.create(c.policy, c.params, policy_shape(cfg));
   const PolicyNeeds needs = policy->needs();
+  store.set_page_stats(seq, needs.page_stats);
   RopeConfig rc;
   rc.head_dim = hd;
   const RopeTable rope(rc, total + 1);

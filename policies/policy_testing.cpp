@@ -24,11 +24,51 @@ int FakeLayerCache::append(int64_t position, const float* k, const float* v) {
   }
   k_.insert(k_.end(), k, k + size_t(n_kv_) * d_);
   v_.insert(v_.end(), v, v + size_t(n_kv_) * d_);
-  return n_slots_++;
+  const int slot = n_slots_++;
+  if (page_stats_) recompute_page(slot / block_);
+  return slot;
 }
 
 void FakeLayerCache::load_key(int s, int h, float* out) const {
+  if (s < 0 || s >= n_slots_ || h < 0 || h >= n_kv_) fail("FakeLayerCache: slot ", s, " head ", h, " out of range");
   std::copy_n(key(s, h), d_, out);
+}
+
+void FakeLayerCache::load_keys(int begin, int end, int h, float* out) const {
+  if (begin < 0 || begin > end || end > n_slots_) fail("FakeLayerCache: slots [", begin, ", ", end, ") out of range");
+  for (int s = begin; s < end; ++s) load_key(s, h, out + size_t(s - begin) * d_);
+}
+
+void FakeLayerCache::set_page_stats(bool on) {
+  if (on == page_stats_) return;
+  page_stats_ = on;
+  page_max_.clear(), page_min_.clear();
+  if (on)
+    for (int p = 0; p * block_ < n_slots_; ++p) recompute_page(p);
+}
+
+// Bounds of one page from its valid keys, by scanning them (no running update).
+void FakeLayerCache::recompute_page(int page) {
+  const size_t need = size_t(page + 1) * n_kv_ * d_;
+  if (page_max_.size() < need) page_max_.resize(need), page_min_.resize(need);
+  for (int h = 0; h < n_kv_; ++h)
+    for (int f = 0; f < d_; ++f) {
+      float mx = -std::numeric_limits<float>::infinity(), mn = std::numeric_limits<float>::infinity();
+      for (int s = page * block_; s < std::min(n_slots_, (page + 1) * block_); ++s)
+        if (valid_[idx(s, h)]) mx = std::max(mx, key(s, h)[f]), mn = std::min(mn, key(s, h)[f]);
+      page_max_[(size_t(page) * n_kv_ + h) * d_ + f] = mx;
+      page_min_[(size_t(page) * n_kv_ + h) * d_ + f] = mn;
+    }
+}
+
+const float* FakeLayerCache::page_key_max(int page, int h) const {
+  if (page < 0 || page >= n_pages() || h < 0 || h >= n_kv_) fail("FakeLayerCache: page ", page, " out of range");
+  return page_stats_ ? page_max_.data() + (size_t(page) * n_kv_ + h) * d_ : nullptr;
+}
+
+const float* FakeLayerCache::page_key_min(int page, int h) const {
+  if (page < 0 || page >= n_pages() || h < 0 || h >= n_kv_) fail("FakeLayerCache: page ", page, " out of range");
+  return page_stats_ ? page_min_.data() + (size_t(page) * n_kv_ + h) * d_ : nullptr;
 }
 
 int64_t FakeLayerCache::resident(int h) const {
@@ -53,6 +93,10 @@ void FakeLayerCache::evict(const Evictions& ev) {
   int64_t max_live = 0;
   for (int h = 0; h < n_kv_; ++h) max_live = std::max(max_live, resident(h));
   if (n_slots_ - max_live > std::max<int64_t>(block_, n_slots_ / 50)) compact();
+  if (page_stats_) {  // every page from scratch
+    page_max_.clear(), page_min_.clear();
+    for (int p = 0; p * block_ < n_slots_; ++p) recompute_page(p);
+  }
 }
 
 void FakeLayerCache::compact() {
@@ -204,6 +248,8 @@ std::vector<PolicyConfig> acting_policy_configs(const std::vector<std::string>& 
       {"duo", P{{"retrieval_fraction", 0.0}, {"sinks", int64_t(2)}, {"recent", int64_t(6)}}},
       {"duo", P{{"heads", duo_heads}, {"retrieval_fraction", 0.25}, {"sinks", int64_t(2)},
                 {"compression_ratio", 0.5}}},
+      {"quest", P{{"budget_tokens", int64_t(12)}, {"dense_layers", int64_t(1)}}},
+      {"quest", P{{"compression_ratio", 0.6}, {"dense_layers", int64_t(0)}, {"gqa", std::string("union")}}},
   };
   for (const std::string& n : registered) {  // every registered policy at least once
     bool seen = false;
@@ -261,6 +307,7 @@ PolicySimulator::Step PolicySimulator::step(AttentionPolicy& policy, int n_new, 
       generate(o_, seed_, layer, positions[r], 2, v.data());
       cache.append(positions[r], k.data(), v.data());
     }
+    cache.set_page_stats(needs.page_stats);  // as the engine: kept only when asked
     LayerStep ls{.layer = layer, .is_prefill = n_new > 1, .n_new = n_new, .positions = positions,
                  .queries = needs.queries ? std::span<const float>(q) : std::span<const float>(),
                  .cache = &cache, .shape = sh, .prompt_end = prompt_end, .seed = seed_};

@@ -30,11 +30,18 @@ class FakeLayerCache final : public LayerCacheView {
   // anything). Frees nothing (no blocks) but compacts like the store: when
   // n_slots - max_h live(h) > max(block, 2% n_slots), live slots move down per head.
   void evict(const Evictions& ev);
+  // Keep per-page key bounds (PolicyNeeds::page_stats), recomputed from scratch from the valid
+  // keys of each page the cache changes (the reference for the store's incremental bookkeeping).
+  void set_page_stats(bool on);
 
   int n_slots() const override { return n_slots_; }
   bool slot_valid(int s, int h) const override { return valid_[idx(s, h)] != 0; }
   int64_t slot_position(int s, int h) const override { return pos_[idx(s, h)]; }
   void load_key(int s, int h, float* out) const override;
+  void load_keys(int begin, int end, int h, float* out) const override;
+  int page_size() const override { return block_; }
+  const float* page_key_max(int page, int h) const override;
+  const float* page_key_min(int page, int h) const override;
   const int64_t* positions_data() const override { return flat_ ? pos_.data() : nullptr; }
   const uint8_t* valid_data() const override { return flat_ ? valid_.data() : nullptr; }
 
@@ -46,6 +53,7 @@ class FakeLayerCache final : public LayerCacheView {
  private:
   size_t idx(int s, int h) const { return size_t(s) * n_kv_ + h; }
   void compact();
+  void recompute_page(int page);
   int n_kv_, d_;
   bool flat_;
   int block_;
@@ -53,6 +61,8 @@ class FakeLayerCache final : public LayerCacheView {
   std::vector<int64_t> pos_;   // [n_slots, n_kv]
   std::vector<uint8_t> valid_; // [n_slots, n_kv]
   std::vector<float> k_, v_;   // [n_slots, n_kv, d]
+  bool page_stats_ = false;
+  std::vector<float> page_max_, page_min_;  // [n_pages, n_kv, d] when page_stats_
   int64_t compactions_ = 0;
 };
 

@@ -131,6 +131,7 @@ SeqId Engine::start_sequence(std::unique_ptr<AttentionPolicy> policy, uint64_t s
   s->id = store_->create_sequence();
   s->seed = seed;
   if (policy) s->needs = policy->needs();
+  if (s->needs.page_stats) store_->set_page_stats(s->id, true);
   s->policy = std::move(policy);
   if (probe_) probe_->start(*s);
   const SeqId id = s->id;
@@ -159,6 +160,7 @@ SeqId Engine::fork(SeqId seq, std::unique_ptr<AttentionPolicy> child_policy) {
   auto s = std::make_unique<Sequence>();
   s->id = store_->fork(seq);
   if (child_policy) s->needs = child_policy->needs();
+  store_->set_page_stats(s->id, s->needs.page_stats);  // the fork copied the parent's setting
   s->policy = std::move(child_policy);
   s->seed = parent.seed;
   s->n_tokens = parent.n_tokens;

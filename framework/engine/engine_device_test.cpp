@@ -3,7 +3,8 @@
 // f32, to bf16 tolerance with bf16 on a GPU — and the policies make the same eviction decisions
 // (resident tokens per layer and head agree). Shapes: head_dim 64 and 128, GQA 1, 4 and 8,
 // QKV bias, both RoPE layouts, page sizes 7 and 16, prefill chunks not a multiple of the page;
-// every built-in policy (rope-at-read sinks, key-mass H2O, landmark selection in prefill).
+// every built-in policy (rope-at-read sinks, key-mass H2O, landmark selection in prefill, quest
+// page selection from the store's page bounds).
 // Devices: "emulated" always (the host-side plans, page mirror and launches executed by CPU
 // loops over device-shaped arrays; with dtype bf16 it plans tensor-core prefill launches, with
 // f32 rows as decode requests, as CUDA does), "cuda" when a GPU is present. The refusal without
@@ -57,6 +58,8 @@ std::vector<std::pair<std::string, std::map<std::string, ParamValue>>> acting_po
           {"h2o", {{"units", std::string("tokens")}, {"recent", 6.0}, {"heavy", 5.0}}},
           {"landmark", {{"chunk_size", int64_t{8}}, {"top_k", int64_t{2}}, {"window", int64_t{12}},
                         {"prefill", std::string("select")}}},
+          {"quest", {{"budget_tokens", int64_t{24}}, {"dense_layers", int64_t{1}}}},
+          {"quest", {{"compression_ratio", 0.5}, {"dense_layers", int64_t{0}}, {"gqa", std::string("union")}}},
           {"sliding_window", {{"window", int64_t{9}}, {"plus_one", true}, {"mode", std::string("mask")}}},
           {"sinks", {{"sinks", int64_t{3}}, {"recent", int64_t{7}}, {"rope_positions", std::string("original")}}},
           // compress at the prefill's end (prompt_end) or after every step

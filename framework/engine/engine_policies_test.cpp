@@ -68,6 +68,7 @@ TEST(EnginePolicies, EveryBuiltinRunsWithinItsBudget) {
       {"tova", {{"budget_tokens", int64_t{20}}}},
       {"knorm", {{"compression_ratio", 0.5}}},
       {"random", {{"budget_tokens", int64_t{12}}, {"compress", std::string("every_step")}}},
+      {"quest", {{"budget_tokens", int64_t{16}}, {"dense_layers", int64_t{1}}}},
   };
   for (const std::string& name : registry.names()) {
     for (bool defaults : {true, false}) {
@@ -77,7 +78,7 @@ TEST(EnginePolicies, EveryBuiltinRunsWithinItsBudget) {
         if (!acting.count(name)) continue;
         params = acting.at(name);
       }
-      const bool evicts = !defaults && name != "landmark" && name != "strided";
+      const bool evicts = !defaults && name != "landmark" && name != "strided" && name != "quest";  // quest selects, never evicts
       run(e, registry.create(name, params, shape), c, /*check_budget=*/true, evicts);
     }
   }

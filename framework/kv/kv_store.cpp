@@ -2,7 +2,9 @@
 #include "framework/kv/kv_store.h"
 
 #include <algorithm>
+#include <climits>
 #include <cstring>
+#include <limits>
 #include <utility>
 
 #include "framework/core/error.h"
@@ -19,6 +21,8 @@ struct KvStore::LayerTable {  // (kv_store.h: "Memory layout")
   int64_t version = 0;
   int64_t data_version = 0;  // rows moved or a block replaced by a copy (data_version())
   bool rescan_blocks = false;      // holes were made under pending slots: check every block
+  bool page_stats = false;         // keep key_max / key_min (kv_store.h "Page statistics")
+  std::vector<float> key_max, key_min;  // [used pages, n_kv_heads, head_dim] when page_stats
   int32_t indptr[2] = {0, 0};      // view fields, refreshed after every change
   int32_t last_page_len = 0;
 };
@@ -121,6 +125,9 @@ SeqId KvStore::fork(SeqId parent) {
     dst.valid = src.valid;
     dst.live = src.live;
     dst.rescan_blocks = src.rescan_blocks;
+    dst.page_stats = src.page_stats;
+    dst.key_max = src.key_max;
+    dst.key_min = src.key_min;
     refresh_view(dst);
   }
   return child;
@@ -201,7 +208,18 @@ int KvStore::append(SeqId seq, int layer, int64_t position, const float* k, cons
              " does not follow position ", lc.positions[static_cast<size_t>(slot - 1) * H + h]);
   float* kb = pool_.k(block);
   float* vb = pool_.v(block);
+  if (lc.page_stats && slot % bs == 0) {  // a new page: the empty bounds
+    lc.key_max.resize(lc.key_max.size() + static_cast<size_t>(H) * D, -std::numeric_limits<float>::infinity());
+    lc.key_min.resize(lc.key_min.size() + static_cast<size_t>(H) * D, std::numeric_limits<float>::infinity());
+  }
   for (int h = 0; h < H; ++h) {
+    if (lc.page_stats) {  // widen the page's bounds by the new key
+      const size_t o = (static_cast<size_t>(slot / bs) * H + h) * D;
+      for (int d = 0; d < D; ++d) {
+        lc.key_max[o + d] = std::max(lc.key_max[o + d], k[static_cast<size_t>(h) * D + d]);
+        lc.key_min[o + d] = std::min(lc.key_min[o + d], k[static_cast<size_t>(h) * D + d]);
+      }
+    }
     std::memcpy(kb + row_offset(slot % bs, h), k + static_cast<size_t>(h) * D, sizeof(float) * D);
     std::memcpy(vb + row_offset(slot % bs, h), v + static_cast<size_t>(h) * D, sizeof(float) * D);
     lc.positions.push_back(position);
@@ -228,6 +246,10 @@ LayerKv KvStore::layer(SeqId seq, int layer) const {
   kv.n_slots = lc.n_slots;
   kv.positions = lc.positions.data();
   kv.valid = lc.valid.data();
+  if (lc.page_stats) {
+    kv.page_key_max = lc.key_max.data();
+    kv.page_key_min = lc.key_min.data();
+  }
   return kv;
 }
 
@@ -263,6 +285,11 @@ void KvStore::evict(SeqId seq, int layer, const Evictions& ev) {
     // Reserved slots not yet appended: keep every slot where it is (the reservation may rely on
     // the blocks), only mark holes; the next eviction without pending slots scans every block.
     lc.rescan_blocks = true;
+    if (lc.page_stats) {
+      std::sort(touched.begin(), touched.end());
+      touched.erase(std::unique(touched.begin(), touched.end()), touched.end());
+      for (int32_t b : touched) recompute_page(lc, b);
+    }
     refresh_view(lc);
     return;
   }
@@ -271,10 +298,69 @@ void KvStore::evict(SeqId seq, int layer, const Evictions& ev) {
     for (size_t b = 0; b < touched.size(); ++b) touched[b] = static_cast<int32_t>(b);
     lc.rescan_blocks = false;
   }
-  remove_empty_blocks(lc, touched);
-  maybe_compact(lc);
+  const int64_t version_before = lc.version;
+  remove_empty_blocks(lc, touched);  // sorts and dedups `touched`
+  const int compacted_from = maybe_compact(lc);
   trim_trailing_blocks(lc);
+  if (lc.page_stats) {
+    // Pages before the first touched one keep their cells and numbers (only touched blocks are
+    // removed, compaction moves rows from compacted_from on); after a renumbering every later
+    // page is recomputed, else only the touched pages that remain.
+    const int first_touched = touched.empty() ? INT32_MAX : touched.front();
+    if (lc.version != version_before) {
+      refresh_page_stats(lc, std::min(first_touched, compacted_from));
+    } else {
+      refresh_page_stats(lc, INT32_MAX);  // resize only (a trailing emptied page is dropped)
+      const int used = static_cast<int>(ceil_div(lc.n_slots, bs));
+      for (int32_t b : touched)
+        if (b < used) recompute_page(lc, b);
+    }
+  }
   refresh_view(lc);
+}
+
+void KvStore::recompute_page(LayerTable& lc, int page) {
+  const int H = config_.n_kv_heads, bs = config_.block_size_tokens, D = config_.head_dim;
+  const int first = page * bs, last = std::min(lc.n_slots, first + bs);
+  const float* kb = pool_.k(lc.blocks[page]);
+  for (int h = 0; h < H; ++h) {
+    float* mx = lc.key_max.data() + (static_cast<size_t>(page) * H + h) * D;
+    float* mn = lc.key_min.data() + (static_cast<size_t>(page) * H + h) * D;
+    std::fill(mx, mx + D, -std::numeric_limits<float>::infinity());
+    std::fill(mn, mn + D, std::numeric_limits<float>::infinity());
+    for (int s = first; s < last; ++s) {
+      if (!lc.valid[static_cast<size_t>(s) * H + h]) continue;
+      const float* key = kb + row_offset(s - first, h);
+      for (int d = 0; d < D; ++d) {
+        mx[d] = std::max(mx[d], key[d]);
+        mn[d] = std::min(mn[d], key[d]);
+      }
+    }
+  }
+}
+
+void KvStore::refresh_page_stats(LayerTable& lc, int from_page) {
+  if (!lc.page_stats) return;
+  const int used = static_cast<int>(ceil_div(lc.n_slots, config_.block_size_tokens));
+  const size_t n = static_cast<size_t>(used) * config_.n_kv_heads * config_.head_dim;
+  lc.key_max.resize(n);
+  lc.key_min.resize(n);
+  for (int p = std::max(0, from_page); p < used; ++p) recompute_page(lc, p);
+}
+
+void KvStore::set_page_stats(SeqId seq, bool on) {
+  for (LayerTable& lc : seq_at(seq).layers) {
+    if (lc.page_stats == on) continue;
+    lc.page_stats = on;
+    lc.key_max.clear();
+    lc.key_min.clear();
+    refresh_page_stats(lc, 0);
+  }
+}
+
+bool KvStore::page_stats(SeqId seq) const {
+  const Sequence& s = seq_at(seq);
+  return !s.layers.empty() && s.layers[0].page_stats;
 }
 
 void KvStore::remove_empty_blocks(LayerTable& lc, std::vector<int32_t>& touched) {
@@ -306,13 +392,13 @@ void KvStore::remove_empty_blocks(LayerTable& lc, std::vector<int32_t>& touched)
   if (renumbered) ++lc.version;
 }
 
-void KvStore::maybe_compact(LayerTable& lc) {
+int KvStore::maybe_compact(LayerTable& lc) {
   const int H = config_.n_kv_heads, bs = config_.block_size_tokens, D = config_.head_dim;
-  if (lc.n_slots == 0) return;
+  if (lc.n_slots == 0) return INT32_MAX;
   const int64_t max_live = *std::max_element(lc.live.begin(), lc.live.end());
   const int64_t removable = lc.n_slots - max_live;
   const int64_t threshold = std::max<int64_t>(bs, lc.n_slots / 50);
-  if (removable <= threshold) return;
+  if (removable <= threshold) return INT32_MAX;
   // First slot holding a hole for any head: everything before it stays where it is.
   int first_hole = lc.n_slots;
   for (int s = 0; s < lc.n_slots && first_hole == lc.n_slots; ++s)
@@ -325,7 +411,7 @@ void KvStore::maybe_compact(LayerTable& lc) {
   int64_t shared = 0;
   for (int b = first_block; b < new_used; ++b)
     if (pool_.ref_count(lc.blocks[b]) > 1) ++shared;
-  if (shared > pool_.n_free()) return;  // compaction is an optimisation: skip it, stay exact
+  if (shared > pool_.n_free()) return INT32_MAX;  // compaction is an optimisation: skip it, stay exact
   std::vector<int32_t> dst_blocks = lc.blocks;
   for (int b = first_block; b < new_used; ++b) {
     if (pool_.ref_count(lc.blocks[b]) > 1) {
@@ -374,6 +460,7 @@ void KvStore::maybe_compact(LayerTable& lc) {
   lc.n_slots = new_n;
   ++lc.version;
   ++lc.data_version;
+  return first_block;
 }
 
 void KvStore::trim_trailing_blocks(LayerTable& lc) {

@@ -29,6 +29,15 @@
 // layer that still has reserved-but-unwritten slots only marks holes; blocks are freed and
 // compacted by the layer's next eviction without pending slots.
 //
+// Page statistics (Quest, POLICIES.md 15), per sequence and only when asked (set_page_stats):
+// per (layer, page = slot / block_size, KV head) the elementwise max and min of the keys of the
+// page's valid cells, as stored (post-RoPE at the original position unless the policy stores raw
+// keys), [n_used_pages, n_kv_heads, head_dim] each, -inf / +inf where the page holds no valid
+// cell of that head. Per-sequence metadata like positions (forked sequences evict differently):
+// append widens the last page's bounds; evict recomputes the bounds of every page it touched
+// from its valid cells, and, when blocks were removed or compacted, of every page from the first
+// one that changed (O(tail) for that eviction; policies that keep page stats do not evict).
+//
 // Running out of blocks is a value (AllocStatus::kOutOfBlocks from reserve(), all-or-nothing),
 // never a crash; misuse (unknown sequence, append without reserve, evicting a hole) throws
 // kvlab::Error. Not thread-safe for mutation; concurrent append() to DIFFERENT sequences after
@@ -85,6 +94,11 @@ class KvStore {
   // reserved-but-unwritten slots (fork between steps).
   SeqId fork(SeqId parent);
 
+  // Keep (on) or drop (off) the sequence's page statistics (see "Page statistics"); turning them
+  // on computes them from the current contents. A fork copies the parent's setting and bounds.
+  void set_page_stats(SeqId seq, bool on);
+  bool page_stats(SeqId seq) const;
+
   // Room for n_new more slots in every layer, copying a shared partly-filled last block first.
   // All-or-nothing: on kOutOfBlocks nothing changed.
   AllocStatus reserve(SeqId seq, int n_new);
@@ -129,7 +143,11 @@ class KvStore {
   int64_t layer_blocks_needed(const LayerTable& lc, int n_new) const;
   void copy_block(int32_t dst, int32_t src);
   void remove_empty_blocks(LayerTable& lc, std::vector<int32_t>& touched_blocks);
-  void maybe_compact(LayerTable& lc);
+  int maybe_compact(LayerTable& lc);  // first page rewritten, or INT32_MAX when none
+  // Resizes the page bounds to the used pages and recomputes pages [from_page, used) from their
+  // valid cells (no-op unless the sequence keeps page stats).
+  void refresh_page_stats(LayerTable& lc, int from_page);
+  void recompute_page(LayerTable& lc, int page);
   void trim_trailing_blocks(LayerTable& lc);
   void refresh_view(LayerTable& lc);
   size_t row_offset(int entry, int kv_head) const;  // floats from a block's start

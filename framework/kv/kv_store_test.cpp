@@ -491,6 +491,150 @@ TEST(KvStore, RandomOperationsKeepDataAndAccounting) {
   }
 }
 
+// Page statistics (kv_store.h): for every (layer, page, head), the bounds the store kept equal a
+// brute-force max / min over the page's valid keys read back from the store; nullptr when off.
+// Also the view's page layout and bulk key reads.
+void expect_page_bounds(const KvStore& store, SeqId seq) {
+  const KvStoreConfig& cfg = store.config();
+  const int H = cfg.n_kv_heads, D = cfg.head_dim, bs = cfg.block_size_tokens;
+  for (int l = 0; l < cfg.n_layers; ++l) {
+    const LayerKv kv = store.layer(seq, l);
+    const LayerKvCacheView view(kv);
+    ASSERT_EQ(view.page_size(), bs);
+    const int n_pages = (kv.n_slots + bs - 1) / bs;
+    ASSERT_EQ(view.n_pages(), n_pages);
+    for (int s = 0; s < kv.n_slots; ++s) ASSERT_EQ(view.page_of(s), s / bs);
+    for (int h = 0; h < H; ++h) {
+      std::vector<float> bulk(static_cast<size_t>(kv.n_slots) * D), one(D);
+      view.load_keys(0, kv.n_slots, h, bulk.data());
+      for (int s = 0; s < kv.n_slots; ++s) {
+        view.load_key(s, h, one.data());
+        ASSERT_TRUE(std::equal(one.begin(), one.end(), bulk.begin() + static_cast<ptrdiff_t>(s) * D)) << s;
+      }
+    }
+    if (!store.page_stats(seq)) {
+      ASSERT_EQ(kv.page_key_max, nullptr);
+      if (n_pages > 0) {
+        ASSERT_EQ(view.page_key_min(0, 0), nullptr);
+      }
+      continue;
+    }
+    for (int p = 0; p < n_pages; ++p)
+      for (int h = 0; h < H; ++h) {
+        const float* mx = view.page_key_max(p, h);
+        const float* mn = view.page_key_min(p, h);
+        ASSERT_NE(mx, nullptr);
+        ASSERT_NE(mn, nullptr);
+        for (int d = 0; d < D; ++d) {
+          float want_max = -INFINITY, want_min = INFINITY;
+          for (int s = p * bs; s < std::min(kv.n_slots, (p + 1) * bs); ++s)
+            if (kv.is_valid(s, h)) {
+              want_max = std::max(want_max, kv.key(s, h)[d]);
+              want_min = std::min(want_min, kv.key(s, h)[d]);
+            }
+          // max / min are exact, so the incremental bounds equal the recomputation bit for bit.
+          ASSERT_EQ(mx[d], want_max) << "layer " << l << " page " << p << " head " << h << " feat " << d;
+          ASSERT_EQ(mn[d], want_min) << "layer " << l << " page " << p << " head " << h << " feat " << d;
+        }
+      }
+  }
+}
+
+TEST(KvStore, PageBoundsEqualBruteForceUnderRandomOperations) {
+  for (int bs : {1, 3, 7, 16}) {
+    SCOPED_TRACE("block size " + std::to_string(bs));
+    Fixture f(2, 2, 5, bs, 4000 / bs + 40);
+    KvStore store(f.cfg);
+    std::map<SeqId, std::vector<HeadTokens>> models;
+    std::map<SeqId, int64_t> next_pos;
+    std::mt19937 rng(100 + bs);
+    int64_t renumberings = 0, forks = 0, pending_evictions = 0;
+    // Drops a random set of live cells of one layer: the same slots for every head (whole
+    // blocks can empty) or per head, scattered, as a run of slots, or sparse.
+    auto evict_random = [&](SeqId s, int l, bool same_for_all_heads) {
+      const LayerCacheView& view = LayerKvCacheView(store.layer(s, l));
+      const int n = view.n_slots();
+      const int mode = static_cast<int>(rng() % 3);
+      const int run_begin = n ? static_cast<int>(rng() % n) : 0;
+      const int run_len = 1 + static_cast<int>(rng() % (2 * bs + 2));
+      auto draw = [&](int slot) {
+        return mode == 0 ? rng() % 3 == 0 : mode == 1 ? slot >= run_begin && slot < run_begin + run_len : rng() % 11 == 0;
+      };
+      std::vector<char> drop_slot(n);
+      for (int slot = 0; slot < n; ++slot) drop_slot[slot] = draw(slot);
+      Evictions ev;
+      ev.clear(2);
+      for (int h = 0; h < 2; ++h) {
+        std::vector<Token> kept;
+        size_t i = 0;
+        for (int slot = 0; slot < n; ++slot) {
+          if (!view.slot_valid(slot, h)) continue;
+          if (same_for_all_heads ? drop_slot[slot] : draw(slot)) {
+            ev.slots[h].push_back(slot);
+          } else {
+            kept.push_back(models[s][l][h][i]);
+          }
+          ++i;
+        }
+        models[s][l][h] = kept;
+      }
+      store.evict(s, l, ev);
+    };
+    for (int op = 0; op < 500; ++op) {
+      const int kind = static_cast<int>(rng() % 12);
+      if (models.empty() || kind == 0) {
+        const SeqId s = store.create_sequence();
+        store.set_page_stats(s, rng() % 4 != 0);
+        models[s] = f.empty_model();
+        next_pos[s] = 0;
+        continue;
+      }
+      auto it = models.begin();
+      std::advance(it, rng() % models.size());
+      const SeqId s = it->first;
+      int64_t versions_before = store.layout_version(s, 0) + store.layout_version(s, 1);
+      if (kind == 1 && models.size() < 6) {
+        const SeqId c = store.fork(s);  // shares the blocks; the bounds are copied
+        ASSERT_EQ(store.page_stats(c), store.page_stats(s));
+        if (rng() % 2) store.set_page_stats(c, !store.page_stats(c));  // the engine's fork
+        models[c] = models[s];
+        next_pos[c] = next_pos[s];
+        ++forks;
+      } else if (kind == 2 && models.size() > 2) {
+        store.free_sequence(s);
+        models.erase(s);
+        continue;
+      } else if (kind == 3) {
+        store.set_page_stats(s, !store.page_stats(s));
+      } else if (kind <= 7) {
+        // Lengths not a multiple of the block: 1..2*bs+3 tokens at a time.
+        const int n = 1 + static_cast<int>(rng() % (2 * bs + 3));
+        if (store.reserve(s, n) != AllocStatus::kOk) continue;
+        int appended = 0;
+        for (; appended < n / 2; ++appended) f.append(store, s, next_pos[s]++, models[s]);
+        if (rng() % 3 == 0) {  // an eviction while slots are reserved (only marks holes)
+          evict_random(s, static_cast<int>(rng() % 2), false);
+          ++pending_evictions;
+          expect_page_bounds(store, s);
+        }
+        for (; appended < n; ++appended) f.append(store, s, next_pos[s]++, models[s]);
+      } else {
+        for (int l = 0; l < 2; ++l) evict_random(s, l, kind == 8);
+      }
+      renumberings += store.layout_version(s, 0) + store.layout_version(s, 1) - versions_before;
+      SCOPED_TRACE("op " + std::to_string(op) + " kind " + std::to_string(kind));
+      for (const auto& [id, model] : models) {
+        expect_matches(store, id, model);
+        expect_page_bounds(store, id);
+        if (HasFatalFailure()) return;
+      }
+    }
+    EXPECT_GT(renumberings, 0) << "no block removal or compaction happened";
+    EXPECT_GT(forks, 0);
+    EXPECT_GT(pending_evictions, 0);
+  }
+}
+
 TEST(KvStore, WasteUnderFivePercentOnMixedBatch) {
   Fixture f(4, 4, 16, 16, 100000);
   KvStore store(f.cfg);

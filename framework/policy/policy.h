@@ -83,6 +83,9 @@ struct PolicyNeeds {
   // chunks. 0 = not needed.
   int observation_window = 0;
   bool observe_every_step = false;
+  // Per-page key bounds (Quest): LayerCacheView::page_key_max / page_key_min. Unset, the store
+  // does not keep them and those return nullptr.
+  bool page_stats = false;
 };
 
 // Read-only view of one layer's cache of one sequence, as the policy sees it.
@@ -103,6 +106,19 @@ class LayerCacheView {
   // Writes the key (as used by attention: after RoPE at the original position, except with
   // rope_at_cache_position where it is the raw key) as fp32 into out[head_dim].
   virtual void load_key(int slot, int kv_head, float* out) const = 0;
+  // Bulk form: keys of slots [slot_begin, slot_end) into out[(s - slot_begin) * head_dim + d]
+  // (holes included, with whatever their row holds: check slot_valid).
+  virtual void load_keys(int slot_begin, int slot_end, int kv_head, float* out) const = 0;
+
+  // Pages = the store's blocks: slot s is entry s % page_size() of page s / page_size().
+  virtual int page_size() const = 0;
+  int page_of(int slot) const { return slot / page_size(); }
+  int n_pages() const { return (n_slots() + page_size() - 1) / page_size(); }
+  // With PolicyNeeds::page_stats (else nullptr): [head_dim] elementwise max / min of the keys
+  // (as load_key gives them) of the page's valid cells of kv_head; -inf / +inf when it has none.
+  // Valid until the store next changes.
+  virtual const float* page_key_max(int page, int kv_head) const { return nullptr; }
+  virtual const float* page_key_min(int page, int kv_head) const { return nullptr; }
 };
 
 // One layer of one forward call, for one sequence.

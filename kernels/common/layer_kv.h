@@ -8,6 +8,10 @@
 //   value = view.v_data + view.slot_offset(0, s, h)   [head_dim] fp32
 //   positions[s * num_kv_heads + h]  text position of the token held there
 //   valid[s * num_kv_heads + h]      1 = live token, 0 = evicted hole (never read by attention)
+// Page p = slot / view.page_size (the block table's p-th page, not the pool's block id), when the
+// store keeps page statistics (KvStore::set_page_stats; nullptr otherwise):
+//   page_key_max + (p * num_kv_heads + h) * head_dim   [head_dim] elementwise max over the page's
+//   page_key_min + (p * num_kv_heads + h) * head_dim   valid keys of head h (-inf / +inf if none)
 // Under per-head eviction (H2O) the same slot may hold different tokens for different heads.
 #pragma once
 
@@ -22,6 +26,8 @@ struct LayerKv {
   int n_slots = 0;                  // slots in use (valid or evicted holes) = view.length(0)
   const int64_t* positions = nullptr;  // [n_slots, num_kv_heads]
   const uint8_t* valid = nullptr;      // [n_slots, num_kv_heads]
+  const float* page_key_max = nullptr;  // [n_pages, num_kv_heads, head_dim] or nullptr
+  const float* page_key_min = nullptr;  // [n_pages, num_kv_heads, head_dim] or nullptr
 
   KVLAB_HD const float* key(int slot, int kv_head) const {
     return view.k_data + view.slot_offset(0, slot, kv_head);
