@@ -35,6 +35,7 @@
 #include "framework/kv/kv_store.h"
 #include "framework/policy/layer_kv_cache_view.h"
 #include "kernels/cpu/attention.h"
+#include "kernels/cpu/attention_stats.h"
 #include "kernels/cpu/rope.h"
 #include "policies/builtin.h"
 
@@ -207,6 +208,34 @@ int run_engine(const std::vector<int64_t>& contexts, const std::vector<int64_t>&
 }
 
 
+// What StepStats::window_attention costs the engine at the prompt end (kernels/cpu/
+// attention_stats.h over every layer of a prefilled sequence, random queries): w = 64 rows
+// (SnapKV's window) and w = 1 (TOVA's last query).
+struct WindowCost {
+  double w64 = 0, w1 = 0;
+};
+WindowCost time_window_attention(const Engine& engine, SeqId s, const ModelConfig& cfg, int64_t ctx) {
+  WindowCost c;
+  std::mt19937 rng(3);
+  std::normal_distribution<float> nd;
+  for (int w : {64, 1}) {
+    std::vector<float> q(size_t(w) * cfg.n_heads * cfg.head_dim), out(size_t(cfg.n_heads) * ctx);
+    for (auto& x : q) x = nd(rng);
+    std::vector<int64_t> pos(w);
+    for (int r = 0; r < w; ++r) pos[r] = ctx - w + r;
+    const auto t0 = Clock::now();
+    for (int l = 0; l < cfg.n_layers; ++l) {
+      const LayerKv kv = engine.kv().layer(s, l);
+      AttentionArgs a = attention_args(q.data(), w, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim,
+                                       pos.data(), kv, 1.f / std::sqrt(float(cfg.head_dim)));
+      out.assign(size_t(cfg.n_heads) * kv.n_slots, 0.f);
+      window_attention(a, 0, out.data());
+    }
+    (w == 64 ? c.w64 : c.w1) = ms_since(t0);
+  }
+  return c;
+}
+
 // "--prompt-end 1": a whole prompt of ctx tokens prefilled through the engine (random 110M
 // weights, chunks of 512) ending with prompt_end, per policy, `reps` times alternating the
 // policies (A B C A B C ...; medians), so the cost of compressing at the prompt end is
@@ -234,6 +263,7 @@ int run_prompt_end(const std::vector<int64_t>& contexts, const std::vector<int64
       const std::vector<Case> cs = v3_cases(false);
       std::vector<std::vector<double>> prefill(cs.size()), hooks(cs.size());
       std::vector<double> kept(cs.size());
+      WindowCost window_ms;
       for (int rep = 0; rep < reps; ++rep)
         for (size_t i = 0; i < cs.size(); ++i) {
           double hook_ms = 0;
@@ -246,6 +276,7 @@ int run_prompt_end(const std::vector<int64_t>& contexts, const std::vector<int64
           }
           prefill[i].push_back(ms_since(t0));
           hooks[i].push_back(hook_ms);
+          if (i == 0 && rep == 0) window_ms = time_window_attention(engine, s, cfg, ctx);
           const SequenceStats st = engine.sequence_stats(s);
           double sum = 0;
           for (int64_t r : st.resident_at_prompt_end) sum += double(r);
@@ -253,6 +284,9 @@ int run_prompt_end(const std::vector<int64_t>& contexts, const std::vector<int64
           engine.end_sequence(s);
         }
       const double full = median(prefill[0]);
+      std::printf("engine window attention over the %lld-token cache, 12 layers: w=64 %.1f ms "
+                  "(%.4f of full's prefill), w=1 %.2f ms\n", (long long)ctx, window_ms.w64,
+                  window_ms.w64 / full, window_ms.w1);
       for (size_t i = 0; i < cs.size(); ++i)
         std::printf("%-26s %6lld %3lld %11.1f %8.3f %9.2f %10.4f %9.3f\n", cs[i].label.c_str(),
                     (long long)ctx, (long long)nthr, median(prefill[i]), median(prefill[i]) / full,
