@@ -90,15 +90,15 @@ std::vector<Case> cases(int64_t n) {
       {"landmark C64 W512 K=(n/4-W)/C", "landmark",
        {{"chunk_size", int64_t(64)}, {"window", int64_t(512)}, {"top_k", std::max<int64_t>(1, (q - 512) / 64)}}},
       {"quest 25% reads (dense 2 layers)", "quest", {{"compression_ratio", 0.75}}},
+      {"tova 25% (every step)", "tova", {{"compression_ratio", 0.75}}},
+      {"snapkv 25% (idle in decode)", "snapkv", {{"compression_ratio", 0.75}}},
   };
 }
 
-// Policy API v3 policies for the engine modes (they need the engine's window attention and the
+// Policy API v3 policies for the prompt-end mode (they need the engine's window attention and the
 // prompt end): 75% compressed, as the NIAH grid.
-std::vector<Case> v3_cases(bool decode_time) {
+std::vector<Case> v3_cases() {
   const Params r = {{"compression_ratio", 0.75}};
-  if (decode_time)  // what runs during decode: tova's per-step eviction; prompt-end ones are idle
-    return {{"tova 25%", "tova", r}, {"snapkv 25% (idle in decode)", "snapkv", r}};
   Params ada = r;
   ada["scorer"] = std::string("snapkv");
   return {{"full", "full", {}},         {"snapkv 25%", "snapkv", r}, {"pyramidkv 25%", "pyramidkv", r},
@@ -179,7 +179,6 @@ int run_engine(const std::vector<int64_t>& contexts, const std::vector<int64_t>&
                    (long long)nthr, ms_since(tp) / 1000);
       double full_ms = 0;
       std::vector<Case> all = cases(ctx);
-      for (const Case& c : v3_cases(true)) all.push_back(c);
       for (const Case& c : all) {
         double policy_ms = 0;
         auto p = std::make_unique<TimedPolicy>(registry.create(c.policy, c.params, shape), &policy_ms);
@@ -260,7 +259,7 @@ int run_prompt_end(const std::vector<int64_t>& contexts, const std::vector<int64
     for (int64_t ctx : contexts) {
       std::vector<int32_t> prompt(ctx);
       for (int64_t i = 0; i < ctx; ++i) prompt[i] = int32_t((i * 31 + 7) % cfg.vocab_size);
-      const std::vector<Case> cs = v3_cases(false);
+      const std::vector<Case> cs = v3_cases();
       std::vector<std::vector<double>> prefill(cs.size()), hooks(cs.size());
       std::vector<double> kept(cs.size());
       WindowCost window_ms;
@@ -383,6 +382,21 @@ LayerResult run_layers_case(const ModelConfig& cfg, const PolicyRegistry& regist
         for (auto& x : mass) x = ud(rng);
       }
       stats.key_mass = needs.key_attention_mass ? std::span<const float>(mass) : std::span<const float>();
+      // The observation window as the engine computes it (attention_step.cpp), timed as the
+      // policy's cost: it is computed only because the policy asks.
+      std::vector<float> window;
+      if (needs.observation_window > 0 && needs.observe_every_step) {
+        AttentionArgs a = attention_args(q.data(), n_new, nh, nkv, hd, positions.data(), kv,
+                                         1.f / std::sqrt(float(hd)));
+        a.selection = &sel;
+        window.assign(size_t(nh) * kv.n_slots, 0.f);
+        const int rows = std::min(needs.observation_window, n_new);
+        t0 = Clock::now();
+        window_attention(a, n_new - rows, window.data());
+        if (policy_ms) *policy_ms += ms_since(t0);
+        stats.window_attention = window;
+        stats.window_rows = rows;
+      }
       Evictions ev;
       ev.clear(nkv);
       t0 = Clock::now();
