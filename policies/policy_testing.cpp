@@ -134,37 +134,14 @@ std::string check_selection(const KeySelection& sel, const LayerStep& step) {
 }
 
 std::vector<PolicyConfig> acting_policy_configs(const std::vector<std::string>& registered) {
-  using P = std::map<std::string, ParamValue>;
-  std::vector<PolicyConfig> out = {
-      {"full", P{}},
-      {"sliding_window", P{{"window", int64_t(9)}}},
-      {"sliding_window", P{{"window", int64_t(9)}, {"plus_one", true}}},
-      {"sliding_window", P{{"window", int64_t(9)}, {"mode", std::string("mask")}}},
-      {"strided", P{{"stride", int64_t(6)}}},
-      {"strided", P{{"stride", int64_t(5)}, {"global", int64_t(2)}, {"combine", std::string("alternate_head")}}},
-      {"strided", P{{"pattern", std::string("fixed")}, {"stride", int64_t(8)}, {"summary", int64_t(2)}}},
-      {"strided", P{{"pattern", std::string("fixed")}, {"stride", int64_t(8)}, {"summary", int64_t(3)},
-                    {"global", int64_t(1)}, {"evict", true}, {"combine", std::string("alternate_layer")}}},
-      {"sinks", P{{"sinks", int64_t(4)}, {"recent", int64_t(10)}}},
-      {"sinks", P{{"sinks", int64_t(2)}, {"recent", int64_t(7)}, {"rope_positions", std::string("original")}}},
-      {"h2o", P{{"heavy", 0.2}, {"recent", 0.1}}},
-      {"h2o", P{{"units", std::string("tokens")}, {"heavy", 8.0}, {"recent", 4.0}, {"sinks", int64_t(2)}}},
-      {"landmark", P{{"chunk_size", int64_t(8)}, {"top_k", int64_t(2)}, {"window", int64_t(12)}}},
-      {"landmark", P{{"chunk_size", int64_t(4)}, {"top_k", int64_t(3)}, {"window", int64_t(6)},
-                     {"landmark", std::string("bounds")}, {"prefill", std::string("select")}}},
-      {"landmark", P{{"chunk_size", int64_t(4)}, {"top_k", int64_t(3)}, {"window", int64_t(6)},
-                     {"landmark", std::string("bounds")}, {"gqa", std::string("max")},
-                     {"prefill", std::string("select")}}},
-      {"landmark", P{{"chunk_size", int64_t(8)}, {"top_k", int64_t(2)}, {"window", int64_t(9)},
-                     {"landmark", std::string("mean")}, {"gqa", std::string("sum")},
-                     {"local", std::string("exact")}, {"prefill", std::string("select")}}},
-      {"knorm", P{{"keep", 0.2}, {"recent", 0.1}, {"sinks", int64_t(2)}}},
+  // COMPAT: {"policy", {{"param", value}, ...}}, one line per entry, for a factory without
+  // conformance_configs(); move it into the factory (SimplePolicyFactory::Conformance) instead.
+  const std::vector<PolicyConfig> table = {
+      // {"name", {{"param", int64_t(8)}}},
   };
-  for (const std::string& n : registered) {  // every registered policy at least once
-    bool seen = false;
-    for (const auto& c : out) seen |= c.policy == n;
-    if (!seen) out.push_back({n, {}});
-  }
+  std::vector<PolicyConfig> out;
+  for (const PolicyConfig& c : table)
+    if (std::find(registered.begin(), registered.end(), c.policy) != registered.end()) out.push_back(c);
   return out;
 }
 

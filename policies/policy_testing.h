@@ -106,13 +106,15 @@ std::string check_prefill_mask(const PolicyNeeds& needs, const KeySelection& sel
 // conformance suites run every registered policy, the example plugin included).
 PolicyRegistry& builtins_and_plugin(const std::string& plugin_path);
 
-// A policy and raw parameters for the conformance suites: settings under which each built-in
-// policy (and the example plugin, knorm) evicts or selects within a few dozen tokens, `full`
-// first, then every other name of `registered` with its defaults.
+// A policy and raw parameters.
 struct PolicyConfig {
   std::string policy;
   std::map<std::string, ParamValue> params;
 };
+// COMPAT (policy API < 4), the conformance suite's fallback: acting parameters for policies whose
+// factory supplies no PolicyFactory::conformance_configs(), restricted to `registered`. Every
+// built-in and the example plugin supply their own (policies/conformance.h); prefer that: an
+// entry here runs with no flag asserted (evicts, mask_based are not checked).
 std::vector<PolicyConfig> acting_policy_configs(const std::vector<std::string>& registered);
 std::string describe(const PolicyConfig& c);  // "policy{key=value ...}"
 

@@ -38,7 +38,11 @@ class KnormFactory final : public kvlab::SimplePolicyFactory {
             [](const kvlab::ParamValues& p, const kvlab::PolicyModelShape&) {
               return std::make_unique<KnormPolicy>(kvlab::ScorerBudget::from_params(p));
             },
-            std::map<std::string, kvlab::ParamValue>{{"keep", 1.0}}) {}
+            std::map<std::string, kvlab::ParamValue>{{"keep", 1.0}},
+            // The conformance suite's acting parameters (`kvlab check-policy --plugin knorm.so`).
+            Conformance{{.params = {{"keep", 0.2}, {"recent", 0.1}, {"sinks", int64_t(2)}},
+                         .evicts = true,
+                         .sinks_param = "sinks"}}) {}
 };
 
 }  // namespace
