@@ -44,8 +44,8 @@ int expect_passes(const std::string& check_name) {
 
 TEST(PolicyConformance, RegistryHoldsBuiltinsAndPlugin) {
   EXPECT_EQ(registry().names().size(), 7u);
-  EXPECT_NE(registry().find("knorm"), nullptr);
-  EXPECT_EQ(registry().origin("knorm"), KVLAB_EXAMPLE_PLUGIN);
+  EXPECT_NE(registry().find("knorm_example"), nullptr);
+  EXPECT_EQ(registry().origin("knorm_example"), KVLAB_EXAMPLE_PLUGIN);
 }
 
 // Every built-in and the example plugin supply their own acting configurations (none falls back

@@ -156,8 +156,8 @@ TEST(PolicyPlugin, SeveralPoliciesAllOrNone) {
 // A one-policy plugin built for this API version (the example) still loads.
 TEST(PolicyPlugin, OnePolicyPluginLoads) {
   PolicyRegistry r = make_builtin_registry();
-  EXPECT_EQ(r.load_plugin(KVLAB_EXAMPLE_PLUGIN), std::vector<std::string>{"knorm"});
-  EXPECT_EQ(r.origin("knorm"), KVLAB_EXAMPLE_PLUGIN);
+  EXPECT_EQ(r.load_plugin(KVLAB_EXAMPLE_PLUGIN), std::vector<std::string>{"knorm_example"});
+  EXPECT_EQ(r.origin("knorm_example"), KVLAB_EXAMPLE_PLUGIN);
 }
 
 // Issue 11: numeric parameters take one spelling each and never reach an integer conversion
