@@ -153,6 +153,15 @@ TEST(PolicyPlugin, SeveralPoliciesAllOrNone) {
   EXPECT_EQ(r.find("over_budget"), nullptr);
 }
 
+// A descriptor with both forms (one policy and a list) is refused, naming the file.
+TEST(PolicyPlugin, DescriptorWithBothFormsIsRefused) {
+  PolicyRegistry r;
+  const std::string e = error_of([&] { r.load_plugin(KVLAB_TEST_PLUGIN_BADDESC); });
+  EXPECT_NE(e.find(KVLAB_TEST_PLUGIN_BADDESC), std::string::npos) << e;
+  EXPECT_NE(e.find("both one policy"), std::string::npos) << e;
+  EXPECT_TRUE(r.names().empty());
+}
+
 // A one-policy plugin built for this API version (the example) still loads.
 TEST(PolicyPlugin, OnePolicyPluginLoads) {
   PolicyRegistry r = make_builtin_registry();
