@@ -24,17 +24,20 @@ std::vector<Case> cases(const PolicyRegistry& registry, const std::vector<std::s
     const PolicyFactory& f = registry.at(name);
     const auto declared = f.conformance_configs();
     for (const auto& c : declared) out.push_back({name, c, true});
-    if (!declared.empty()) continue;
-    // Not declared (a factory written before API v4): the compat table, else the defaults; the
-    // flags are inferred as the suite did before (a parameter named "sinks" is resident sinks).
-    bool any = false;
+    // COMPAT: the central table's entries run as well, flags not asserted; their sinks parameter
+    // is the factory's (its first configuration), else (no configuration) a parameter named
+    // "sinks", as the suite inferred before API v4.
+    std::string sinks;
+    if (!declared.empty()) {
+      sinks = declared.front().sinks_param;
+    } else {
+      for (const ParamSpec& p : f.params())
+        if (p.name == "sinks") sinks = "sinks";
+    }
+    bool any = !declared.empty();
     for (const auto& c : compat)
-      if (c.policy == name) out.push_back({name, {.params = c.params}, false}), any = true;
-    if (!any) out.push_back({name, {}, false});
-    for (const ParamSpec& p : f.params())
-      if (p.name == "sinks")
-        for (Case& c : out)
-          if (c.policy == name) c.config.sinks_param = "sinks";
+      if (c.policy == name) out.push_back({name, {.params = c.params, .sinks_param = sinks}, false}), any = true;
+    if (!any) out.push_back({name, {.sinks_param = sinks}, false});  // nothing given: the defaults
   }
   return out;
 }

@@ -3,9 +3,9 @@
 // user's plugin. Each check runs one policy under one parameter set and returns a Verdict.
 //
 // Cases: for each policy, its factory's conformance_configs() (PolicyFactory::ConformanceConfig:
-// acting parameters and the flags evicts / mask_based / sinks_param); a factory that supplies
-// none is run with the compat table (policy_testing.h acting_policy_configs, for branches that
-// still add entries there), else with its defaults; both without asserting any flag.
+// acting parameters and the flags evicts / mask_based / sinks_param, all asserted), plus the
+// entries of the central compat table (policy_testing.h acting_policy_configs) with no flag
+// asserted; a policy with neither runs with its defaults.
 //
 // Simulator checks (engine-free, policy_testing.h; fp64 reference attention):
 //   sim.unlimited_equals_full      unlimited_params() equals `full` (1e-5), two schedules

@@ -133,15 +133,20 @@ std::string check_selection(const KeySelection& sel, const LayerStep& step) {
   return "";
 }
 
+namespace {
+using P = std::map<std::string, ParamValue>;  // the table's spelling
+}  // namespace
+
 std::vector<PolicyConfig> acting_policy_configs(const std::vector<std::string>& registered) {
-  // COMPAT: {"policy", {{"param", value}, ...}}, one line per entry, for a factory without
-  // conformance_configs(); move it into the factory (SimplePolicyFactory::Conformance) instead.
-  const std::vector<PolicyConfig> table = {
-      // {"name", {{"param", int64_t(8)}}},
+  // COMPAT: one line per entry, {"policy", P{{"param", value}, ...}}. The built-ins' and the
+  // example plugin's acting parameters moved into their factories (conformance_configs()); put
+  // new ones there too, keeping here only what a factory cannot state (e.g. a path made at test
+  // time).
+  std::vector<PolicyConfig> out = {
   };
-  std::vector<PolicyConfig> out;
-  for (const PolicyConfig& c : table)
-    if (std::find(registered.begin(), registered.end(), c.policy) != registered.end()) out.push_back(c);
+  std::erase_if(out, [&](const PolicyConfig& c) {
+    return std::find(registered.begin(), registered.end(), c.policy) == registered.end();
+  });
   return out;
 }
 

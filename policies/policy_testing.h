@@ -111,10 +111,10 @@ struct PolicyConfig {
   std::string policy;
   std::map<std::string, ParamValue> params;
 };
-// COMPAT (policy API < 4), the conformance suite's fallback: acting parameters for policies whose
-// factory supplies no PolicyFactory::conformance_configs(), restricted to `registered`. Every
-// built-in and the example plugin supply their own (policies/conformance.h); prefer that: an
-// entry here runs with no flag asserted (evicts, mask_based are not checked).
+// COMPAT (policy API < 4), extra conformance cases: acting parameters kept in one central table
+// (restricted to `registered`), run by the conformance suite (policies/conformance.h) besides
+// each factory's own PolicyFactory::conformance_configs(), with no flag asserted (mask checked
+// when claimed; sinks from the factory's own configurations, else a parameter named "sinks").
 std::vector<PolicyConfig> acting_policy_configs(const std::vector<std::string>& registered);
 std::string describe(const PolicyConfig& c);  // "policy{key=value ...}"
 
