@@ -47,7 +47,7 @@ class FunctionLm : public LanguageModel {
   int32_t vocab_size() const override { return vocab_; }
   int64_t prefilled = 0, decoded = 0, sequences = 0;
 
-  std::unique_ptr<LmSequence> start() override {
+  std::unique_ptr<LmSequence> start(uint64_t) override {
     ++sequences;
     return std::make_unique<Seq>(*this);
   }
@@ -55,7 +55,7 @@ class FunctionLm : public LanguageModel {
  private:
   struct Seq : LmSequence {
     explicit Seq(FunctionLm& lm) : lm(lm) {}
-    const std::vector<float>& prefill(std::span<const int32_t> tokens, bool all_logits) override {
+    const std::vector<float>& prefill(std::span<const int32_t> tokens, bool all_logits, bool) override {
       out.clear();
       for (size_t i = 0; i < tokens.size(); ++i) {
         context.push_back(tokens[i]);

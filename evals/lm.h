@@ -26,7 +26,9 @@ class LmSequence {
   virtual ~LmSequence() = default;
   // Feeds tokens through the prefill path (dense chunks, the policy evicting between chunks).
   // Returns logits [vocab] of the last token, or [tokens.size(), vocab] with all_logits.
-  virtual const std::vector<float>& prefill(std::span<const int32_t> tokens, bool all_logits) = 0;
+  // prompt_end: these tokens end the prompt (where prompt-end policies compress; engine.h).
+  virtual const std::vector<float>& prefill(std::span<const int32_t> tokens, bool all_logits,
+                                            bool prompt_end) = 0;
   // Feeds one token through the decode path (the policy selects and evicts per step).
   // Returns its logits [vocab].
   virtual const std::vector<float>& decode(int32_t token) = 0;
@@ -36,8 +38,8 @@ class LanguageModel {
  public:
   virtual ~LanguageModel() = default;
   virtual int32_t vocab_size() const = 0;
-  // A fresh, empty sequence with a fresh policy.
-  virtual std::unique_ptr<LmSequence> start() = 0;
+  // A fresh, empty sequence with a fresh policy; `seed` is the sample's (randomised policies).
+  virtual std::unique_ptr<LmSequence> start(uint64_t seed) = 0;
 };
 
 // log softmax(logits)[target], computed stably in double: logit[t] - (m + log sum exp(l - m)).

@@ -128,28 +128,50 @@ bool value_matches(const std::string& answer, const std::string& value) {
 
 namespace {
 
-// Feeds the prompt: dense prefill of all but the tail, then the tail token by token.
-const std::vector<float>& feed_prompt(LmSequence& seq, const std::vector<int32_t>& tokens, int tail) {
+// Feeds the prompt by the protocol (niah.h); `tail` = decode_tail's tail or the question length.
+const std::vector<float>& feed_prompt(LmSequence& seq, const std::vector<int32_t>& tokens, int tail,
+                                      NiahProtocol protocol) {
   const size_t head = tokens.size() - size_t(tail);
-  const std::vector<float>* logits = &seq.prefill(std::span(tokens.data(), head), false);
+  const std::span<const int32_t> all(tokens);
+  switch (protocol) {
+    case NiahProtocol::kQueryAware:
+      return seq.prefill(all, false, true);
+    case NiahProtocol::kQueryAgnostic:
+      seq.prefill(all.first(head), false, true);
+      return seq.prefill(all.subspan(head), false, false);
+    case NiahProtocol::kDecodeTail:
+      break;
+  }
+  const std::vector<float>* logits = &seq.prefill(all.first(head), false, true);
   for (size_t i = head; i < tokens.size(); ++i) logits = &seq.decode(tokens[i]);
   return *logits;
 }
 
 }  // namespace
 
+const char* niah_protocol_name(NiahProtocol p) {
+  switch (p) {
+    case NiahProtocol::kDecodeTail: return "decode_tail";
+    case NiahProtocol::kQueryAgnostic: return "query_agnostic";
+    case NiahProtocol::kQueryAware: return "query_aware";
+  }
+  return "?";
+}
+
 NiahScore run_niah_trial(LanguageModel& lm, const Tokenizer& tokenizer, const NiahPrompt& prompt,
-                         int decode_tail_tokens, int max_answer_tokens) {
+                         int decode_tail_tokens, int max_answer_tokens, NiahProtocol protocol,
+                         uint64_t seed) {
   const int n = int(prompt.tokens.size());
-  const int tail = std::clamp(decode_tail_tokens < 0 ? prompt.question_tokens : decode_tail_tokens, 0, n - 1);
+  const int tail = std::clamp(decode_tail_tokens < 0 || protocol != NiahProtocol::kDecodeTail
+                                  ? prompt.question_tokens : decode_tail_tokens, 0, n - 1);
   const std::vector<int32_t>& expected = prompt.expected_tokens;
   const int n_expected = int(expected.size());
 
   NiahScore score;
   score.first_wrong_token = -1;
   int scored = 0;  // expected tokens whose log-probability is in value_logprob
-  std::unique_ptr<LmSequence> seq = lm.start();
-  const std::vector<float>* logits = &feed_prompt(*seq, prompt.tokens, tail);
+  std::unique_ptr<LmSequence> seq = lm.start(seed);
+  const std::vector<float>* logits = &feed_prompt(*seq, prompt.tokens, tail, protocol);
   for (int k = 0; k < max_answer_tokens; ++k) {
     const bool on_path = score.first_wrong_token < 0 && k < n_expected;
     if (on_path) {
@@ -166,8 +188,8 @@ NiahScore run_niah_trial(LanguageModel& lm, const Tokenizer& tokenizer, const Ni
     score.first_wrong_token = std::min<int>(n_expected, int(score.answer_tokens.size()));
   if (scored < n_expected) {  // left the expected path (or stopped early): replay, teacher-forced
     seq.reset();  // end the first sequence before the replay needs its KV blocks
-    seq = lm.start();
-    logits = &feed_prompt(*seq, prompt.tokens, tail);
+    seq = lm.start(seed);
+    logits = &feed_prompt(*seq, prompt.tokens, tail, protocol);
     for (int k = 0; k < n_expected; ++k) {
       if (k >= scored) score.value_logprob += log_prob(*logits, expected[k]);
       if (k + 1 < n_expected) logits = &seq->decode(expected[k]);

@@ -84,8 +84,21 @@ struct NiahScore {
 // True when the first maximal run of ASCII digits in `answer` equals `value`.
 bool value_matches(const std::string& answer, const std::string& value);
 
-// decode_tail_tokens < 0: the question's tokens.
+// How the prompt reaches the model (POLICIES.md 10); the answer is then decoded greedily.
+//   decode_tail     prefill all but the last decode_tail_tokens tokens (< 0: the question's) --
+//                   that prefill ends the prompt for prompt-end policies -- then the tail token
+//                   by token through the decode path (kvlab's first protocol; the default)
+//   query_agnostic  prefill the context (it ends the prompt: compression before the question is
+//                   seen), then the question as a second prefill, appended uncompressed
+//   query_aware     prefill context and question together: compression at the end of the whole
+//                   prompt, the question inside the observation window
+enum class NiahProtocol { kDecodeTail, kQueryAgnostic, kQueryAware };
+const char* niah_protocol_name(NiahProtocol p);  // "decode_tail" | "query_agnostic" | "query_aware"
+
+// decode_tail_tokens < 0: the question's tokens (decode_tail only). `seed` starts the sequences
+// (LanguageModel::start).
 NiahScore run_niah_trial(LanguageModel& lm, const Tokenizer& tokenizer, const NiahPrompt& prompt,
-                         int decode_tail_tokens, int max_answer_tokens);
+                         int decode_tail_tokens, int max_answer_tokens,
+                         NiahProtocol protocol = NiahProtocol::kDecodeTail, uint64_t seed = 0);
 
 }  // namespace kvlab

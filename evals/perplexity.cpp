@@ -38,7 +38,7 @@ void score(PerplexityResult& r, std::span<const float> logits, int32_t target, i
 
 void streaming(LanguageModel& lm, std::span<const int32_t> tokens, const PerplexityOptions& o,
                PerplexityResult& r) {
-  std::unique_ptr<LmSequence> seq = lm.start();
+  std::unique_ptr<LmSequence> seq = lm.start(0);
   for (size_t i = 0; i + 1 < tokens.size(); ++i) {
     const std::vector<float>* step = nullptr;
     try {
@@ -64,8 +64,8 @@ void chunked(LanguageModel& lm, std::span<const int32_t> tokens, int32_t bos_id,
   for (int64_t c = 0; c < n_chunks; ++c) {
     std::vector<int32_t> window(tokens.begin() + c * n_ctx, tokens.begin() + (c + 1) * n_ctx);
     if (bos_id >= 0) window[0] = bos_id;
-    std::unique_ptr<LmSequence> seq = lm.start();
-    const std::vector<float>& logits = seq->prefill(window, true);
+    std::unique_ptr<LmSequence> seq = lm.start(0);
+    const std::vector<float>& logits = seq->prefill(window, true, false);
     for (int64_t j = n_ctx / 2 + 1; j < n_ctx; ++j)
       score(r, std::span(logits.data() + (j - 1) * vocab, size_t(vocab)), window[j], c * n_ctx + j);
     r.tokens_fed += n_ctx;
@@ -81,8 +81,8 @@ void sliding(LanguageModel& lm, std::span<const int32_t> tokens, const Perplexit
   int64_t prev_end = 0;
   for (int64_t begin = 0; begin < n; begin += o.stride) {
     const int64_t end = std::min(begin + o.window, n);
-    std::unique_ptr<LmSequence> seq = lm.start();
-    const std::vector<float>& logits = seq->prefill(tokens.subspan(begin, end - begin), true);
+    std::unique_ptr<LmSequence> seq = lm.start(0);
+    const std::vector<float>& logits = seq->prefill(tokens.subspan(begin, end - begin), true, false);
     for (int64_t i = std::max<int64_t>(prev_end, begin + 1); i < end; ++i)
       score(r, std::span(logits.data() + (i - 1 - begin) * vocab, size_t(vocab)), tokens[i], i);
     r.tokens_fed += end - begin;

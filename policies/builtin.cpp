@@ -9,6 +9,12 @@ void register_builtin_policies(PolicyRegistry& registry) {
   registry.add(make_sinks_factory());
   registry.add(make_h2o_factory());
   registry.add(make_landmark_factory());
+  registry.add(make_snapkv_factory());
+  registry.add(make_pyramidkv_factory());
+  registry.add(make_adakv_factory());
+  registry.add(make_tova_factory());
+  registry.add(make_knorm_factory());
+  registry.add(make_random_factory());
 }
 
 PolicyRegistry make_builtin_registry() {

@@ -6,6 +6,12 @@
 //   sinks           StreamingLLM: S sinks + R recent, evicted after each step (POLICIES.md 4)
 //   h2o             heavy hitters by accumulated attention mass (POLICIES.md 5), a ScorerPolicy
 //   landmark        training-free HiLS-style chunk selection (POLICIES.md 6)
+//   snapkv          observation-window scores, compressed at the prompt end (POLICIES.md 11)
+//   pyramidkv       snapkv scores, budgets decreasing with depth (POLICIES.md 12)
+//   adakv           any scorer's budget allocated across KV heads (POLICIES.md 13)
+//   tova            the current query's attention, evicting every step (POLICIES.md 14)
+//   knorm           lowest-L2-norm keys (arXiv 2406.11430)
+//   random          seeded random eviction: the floor
 #pragma once
 
 #include <memory>
@@ -21,8 +27,14 @@ std::unique_ptr<PolicyFactory> make_strided_factory();
 std::unique_ptr<PolicyFactory> make_sinks_factory();
 std::unique_ptr<PolicyFactory> make_h2o_factory();
 std::unique_ptr<PolicyFactory> make_landmark_factory();
+std::unique_ptr<PolicyFactory> make_snapkv_factory();
+std::unique_ptr<PolicyFactory> make_pyramidkv_factory();
+std::unique_ptr<PolicyFactory> make_adakv_factory();
+std::unique_ptr<PolicyFactory> make_tova_factory();
+std::unique_ptr<PolicyFactory> make_knorm_factory();
+std::unique_ptr<PolicyFactory> make_random_factory();
 
-// Adds the six built-ins to `registry`.
+// Adds the built-ins to `registry`.
 void register_builtin_policies(PolicyRegistry& registry);
 // A registry holding the built-ins.
 PolicyRegistry make_builtin_registry();

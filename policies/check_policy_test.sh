@@ -12,9 +12,9 @@ echo "$out"
 [[ $rc -eq 0 ]] || die "check-policy on knorm exited $rc"
 for c in sim.unlimited_equals_full sim.mask_equals_dense sim.invariants sim.deterministic_batched_reset \
          engine.unlimited_equals_full engine.mask_equals_dense engine.resident_within_budget engine.batched_reset; do
-  grep -qE "^(PASS|SKIP)  $c +knorm_example" <<<"$out" || die "no line for $c on knorm"
+  grep -qE "^(PASS|SKIP)  $c +knorm_plugin" <<<"$out" || die "no line for $c on knorm"
 done
-grep -qE "^PASS  sim.invariants +knorm_example\{keep=0.2" <<<"$out" || die "knorm's own acting configuration did not run"
+grep -qE "^PASS  sim.invariants +knorm_plugin\{keep=0.2" <<<"$out" || die "knorm's own acting configuration did not run"
 grep -q "^FAIL" <<<"$out" && die "a check failed on knorm"
 grep -qE "^check-policy: [0-9]+ checks: [0-9]+ passed, 0 failed" <<<"$out" || die "no summary line"
 
@@ -39,8 +39,8 @@ err=$("$kvlab" check-policy --plugin /nonexistent/nope.so 2>&1); rc=$?
 [[ $rc -eq 1 && $err == *"/nonexistent/nope.so"* ]] || die "missing plugin: exit $rc, '$err'"
 err=$("$kvlab" check-policy 2>&1); rc=$?
 [[ $rc -eq 1 && $err == *"--plugin"* ]] || die "no arguments: exit $rc, '$err'"
-err=$("$kvlab" check-policy --policy knorm_example 2>&1); rc=$?
-[[ $rc -eq 1 && $err == *"unknown policy 'knorm_example'"* ]] || die "unknown policy: exit $rc, '$err'"
+err=$("$kvlab" check-policy --policy knorm_plugin 2>&1); rc=$?
+[[ $rc -eq 1 && $err == *"unknown policy 'knorm_plugin'"* ]] || die "unknown policy: exit $rc, '$err'"
 err=$("$kvlab" check-policy --plugin "$knorm" --check sim.nope 2>&1); rc=$?
 [[ $rc -eq 1 && $err == *"sim.nope"* ]] || die "unknown check: exit $rc, '$err'"
 [[ $status -eq 0 ]] && echo "check-policy OK"

@@ -48,7 +48,8 @@ using testing::PolicySimulator;
 using testing::SimOptions;
 using Trace = std::vector<PolicySimulator::Step>;
 
-// A prefill chunk, decode, a second chunk, decode.
+// A prefill chunk (the prompt's end: prompt-end policies compress there), decode, a second
+// chunk, decode.
 const std::vector<int>& schedule() {
   static const std::vector<int> s = [] {
     std::vector<int> s = {13};
@@ -69,7 +70,7 @@ SimOptions sim_options() {
 Trace run(AttentionPolicy& p, const SimOptions& o, uint64_t seed, const std::vector<int>& sched) {
   PolicySimulator sim(o, seed);
   Trace t;
-  for (int n : sched) t.push_back(sim.step(p, n));
+  for (size_t i = 0; i < sched.size(); ++i) t.push_back(sim.step(p, sched[i], i == 0));  // the first chunk ends the prompt
   return t;
 }
 
@@ -156,8 +157,9 @@ Verdict sim_mask_equals_dense(const PolicyRegistry& r, const Case& c) {
   }
   PolicySimulator sim(o, 21);
   int64_t pos = 0;
+  size_t step_index = 0;
   for (int n : schedule()) {
-    auto st = sim.step(*p, n);
+    auto st = sim.step(*p, n, step_index++ == 0);  // the first chunk ends the prompt
     if (!st.violations.empty()) return Verdict::fail(st.violations[0]);
     if (!(mask->decode_only && n > 1))
       for (int layer = 0; layer < o.n_layers; ++layer)
@@ -186,8 +188,9 @@ Verdict sim_invariants(const PolicyRegistry& r, const Case& c) {
   if (!sp.empty() && !v.all().count(sp)) return Verdict::fail(str_cat("sinks_param '", sp, "' is not a parameter"));
   const int64_t sinks = sp.empty() ? 0 : v.get_int(sp);
   bool evicted = false;
+  size_t step_index = 0;
   for (int n : schedule()) {
-    auto st = sim.step(*p, n);
+    auto st = sim.step(*p, n, step_index++ == 0);  // the first chunk ends the prompt
     if (!st.violations.empty()) return Verdict::fail(st.violations[0]);
     for (int layer = 0; layer < o.n_layers; ++layer) {
       const int64_t budget = p->budget_tokens(layer, sim.n_seen());
@@ -227,9 +230,9 @@ Verdict sim_deterministic_batched_reset(const PolicyRegistry& r, const Case& c) 
   auto pa = make(), pb = make();
   PolicySimulator sa(o, 31), sb(o, 32);
   Trace ta, tb;
-  for (int n : sched) {
-    ta.push_back(sa.step(*pa, n));
-    tb.push_back(sb.step(*pb, n));
+  for (size_t i = 0; i < sched.size(); ++i) {
+    ta.push_back(sa.step(*pa, sched[i], i == 0));
+    tb.push_back(sb.step(*pb, sched[i], i == 0));
   }
   if (const float d = trace_diff(ta, alone_a); d != 0.f) return Verdict::fail(str_cat("batched != alone (a) by ", d));
   if (const float d = trace_diff(tb, alone_b); d != 0.f) return Verdict::fail(str_cat("batched != alone (b) by ", d));
@@ -330,8 +333,8 @@ Verdict engine_batched_reset(const PolicyRegistry& r, const Case& c) {
   Engine batch(m, engine::engine_options(2));
   const SeqId sa = batch.start_sequence(make()), sb = batch.start_sequence(make());
   std::vector<float> la, lb, lg;
-  if (batch.prefill(sa, std::span(ta.data(), kPrefill), la, true) != StepStatus::kOk ||
-      batch.prefill(sb, std::span(tb.data(), kPrefill), lb, true) != StepStatus::kOk)
+  if (batch.prefill(sa, std::span(ta.data(), kPrefill), la, true, /*prompt_end=*/true) != StepStatus::kOk ||
+      batch.prefill(sb, std::span(tb.data(), kPrefill), lb, true, /*prompt_end=*/true) != StepStatus::kOk)
     return Verdict::fail("batched prefill did not return kOk");
   const std::vector<SeqId> both = {sa, sb};
   const size_t vocab = size_t(m.config.vocab_size);
@@ -477,7 +480,7 @@ std::vector<float> run_logits(Engine& e, std::unique_ptr<AttentionPolicy> p, con
                               const std::function<void(SeqId, int64_t)>& each_step) {
   const SeqId s = e.start_sequence(std::move(p));
   std::vector<float> all, lg;
-  if (e.prefill(s, std::span(tokens.data(), kPrefill), all, true) != StepStatus::kOk)
+  if (e.prefill(s, std::span(tokens.data(), kPrefill), all, true, /*prompt_end=*/true) != StepStatus::kOk)
     fail("conformance: prefill of ", kPrefill, " tokens did not return kOk");
   if (each_step) each_step(s, kPrefill);
   for (size_t i = kPrefill; i < tokens.size(); ++i) {

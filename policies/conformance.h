@@ -78,7 +78,7 @@ namespace engine {
 const Model& tiny_model();  // 2 layers, 6 heads, 2 KV heads, head_dim 16, vocab 97, random weights
 std::vector<int32_t> random_tokens(int n, uint32_t seed);
 EngineOptions engine_options(int max_batch = 1);  // threads 1, prefill chunks of 256
-// All logits of a prefill of 20 tokens (all logits) then one-token decode steps; each_step
+// All logits of a prefill of 20 tokens (all logits; it ends the prompt) then one-token decode steps; each_step
 // after the prefill and after every decode step, with the tokens seen.
 std::vector<float> run_logits(Engine& e, std::unique_ptr<AttentionPolicy> p, const std::vector<int32_t>& tokens,
                               const std::function<void(SeqId, int64_t n_seen)>& each_step = {});

@@ -44,17 +44,26 @@ int expect_passes(const std::string& check_name) {
 }
 
 TEST(PolicyConformance, RegistryHoldsBuiltinsAndPlugin) {
-  EXPECT_EQ(registry().names().size(), 7u);
-  EXPECT_NE(registry().find("knorm_example"), nullptr);
-  EXPECT_EQ(registry().origin("knorm_example"), KVLAB_EXAMPLE_PLUGIN);
+  EXPECT_EQ(registry().names().size(), make_builtin_registry().names().size() + 1);
+  EXPECT_NE(registry().find("knorm_plugin"), nullptr);
+  EXPECT_EQ(registry().origin("knorm_plugin"), KVLAB_EXAMPLE_PLUGIN);
 }
 
-// Every built-in and the example plugin supply their own acting configurations (flags asserted).
-TEST(PolicyConformance, EveryFactorySuppliesConformanceConfigs) {
-  for (const std::string& n : registry().names()) EXPECT_FALSE(registry().at(n).conformance_configs().empty()) << n;
+// The policies whose entries left the central table supply their own acting configurations
+// (flags asserted); every registered policy runs with acting parameters from its factory or the
+// compat table, never only with its defaults.
+TEST(PolicyConformance, EveryPolicyHasActingConfigurations) {
+  for (const char* n : {"full", "sliding_window", "strided", "sinks", "h2o", "landmark", "knorm_plugin"})
+    EXPECT_FALSE(registry().at(n).conformance_configs().empty()) << n;
   int declared = 0;
   for (const Case& c : cases()) declared += c.declared;
   EXPECT_GE(declared, 17);  // the 17 of the central table they replace
+  const auto compat = testing::acting_policy_configs(registry().names());
+  for (const std::string& n : registry().names()) {
+    bool acting = !registry().at(n).conformance_configs().empty();
+    for (const auto& c : compat) acting |= c.policy == n;
+    EXPECT_TRUE(acting) << n << " has neither conformance_configs() nor a compat entry";
+  }
 }
 
 // A factory without conformance_configs() (written before API v4) still runs, with its

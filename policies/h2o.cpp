@@ -12,6 +12,7 @@
 #include "framework/core/error.h"
 #include "framework/policy/simple_factory.h"
 #include "policies/builtin.h"
+#include "policies/budget.h"
 #include "policies/cache_scan.h"
 #include "policies/scorer.h"
 
@@ -26,6 +27,7 @@ struct PositionScore {
 class H2oPolicy final : public ScorerPolicy {
  public:
   explicit H2oPolicy(const ScorerBudget& b) : ScorerPolicy(b) {}
+  explicit H2oPolicy(ScorerPlan plan) : ScorerPolicy(std::move(plan)) {}
 
   PolicyNeeds needs() const override {
     PolicyNeeds n;
@@ -97,10 +99,29 @@ std::unique_ptr<PolicyFactory> make_h2o_factory() {
   d.recent = 0.1;
   d.keep = 0.1;
   d.units = "ratio";
+  ParamSpecs specs = scorer_param_specs(d);
+  for (ParamSpec& s : budget_param_specs(0.0)) specs.push_back(std::move(s));
   return std::make_unique<SimplePolicyFactory>(
       "h2o", "heavy hitters (accumulated attention mass) + recent tokens, evicted after each step",
-      scorer_param_specs(d), [](const ParamValues& p, const PolicyModelShape&) {
-        return std::make_unique<H2oPolicy>(ScorerBudget::from_params(p, "heavy"));
+      std::move(specs), [d](const ParamValues& p, const PolicyModelShape&) -> std::unique_ptr<AttentionPolicy> {
+        const TokenBudget b = TokenBudget::from_params(p);
+        if (!b.limited()) return std::make_unique<H2oPolicy>(ScorerBudget::from_params(p, "heavy"));
+        // The one convention (POLICIES.md 9): kept(n_seen) tokens in all, sinks inside, the
+        // rest split evenly between recent and heavy (the paper's 10% + 10% default is even).
+        if (p.get_float("heavy") != d.keep || p.get_float("recent") != d.recent || p.get_string("units") != d.units)
+          fail("h2o: compression_ratio / budget_tokens set the whole budget; leave heavy, recent "
+               "and units at their defaults (heavy=", d.keep, ", recent=", d.recent, ", units=", d.units,
+               ") or use them instead");
+        const int64_t sinks = p.get_int("sinks");
+        ScorerPlan plan;
+        plan.retention = [b, sinks](int, int64_t n) {
+          Retention r;
+          r.total = b.kept(n);
+          r.sinks = sinks;
+          r.recent = std::max<int64_t>(0, r.total - sinks) / 2;
+          return r;
+        };
+        return std::make_unique<H2oPolicy>(std::move(plan));
       },
       std::map<std::string, ParamValue>{{"heavy", 1.0}, {"recent", 0.0}},
       SimplePolicyFactory::Conformance{  // conformance suite: acting parameter sets

@@ -12,11 +12,35 @@
 // window (i-W, i]: c < E = floor((i - W + 1) / C). local=extend (default): the local region is
 // [E*C, i] (W .. W+C-1 keys), so no key is unreadable and top_k >= E is exactly full attention;
 // local=exact: (i-W, i].
-// GQA (selection is per KV head): gqa=softmax_max (default): per query head p_c = exp(logit_c -
-// logsumexp(local LSE, all chunk logits)) with the local LSE over sinks u local region; the
-// chunk's score is the max of p_c over the group; gqa=max: max of the logits; gqa=sum: sum of
-// p_c. Ties go to the lower chunk index. Prefill is dense by default (prefill=select applies the
+// GQA (a KeySelection is per KV head: all G query heads of a group read the same keys):
+//   gqa=softmax_max (default): per query head p_c = exp(logit_c - logsumexp(local LSE, all chunk
+//     logits)) with the local LSE over sinks u local region; the chunk's score is the max of p_c
+//     over the group (HiLS's aggregation, POLICIES.md 6).
+//   gqa=max: max of the raw logits over the group.
+//   gqa=sum: sum of the same p_c over the group. (kvlab choice) It adds probabilities where
+//     InfLLM (arXiv 2402.04617, one selection summed over heads) adds the raw scores: p_c is the
+//     share of a head's attention the chunk would get, so the sum is the group's expected
+//     attention on the chunk, comparable across heads whose logits differ in scale or offset
+//     (a raw-score sum lets the head with the largest logits decide alone); it is the sum
+//     counterpart of softmax_max. With G = 1 every aggregation ranks by the raw logits.
+//   gqa=per_head: every query head ranks the chunks by its own logits and picks its own top-K
+//     (Quest's per-head selection). Since the selection is per KV head, the KV head reads the
+//     union of its query heads' picks (at most G*K chunks; with a budget, see below, the union
+//     is filled rank by rank, head 0 first, up to the budget's chunk count): each query head
+//     reads every chunk it chose, plus the chunks its group mates chose (more keys, never
+//     fewer). Exactly one chunk set per query head would need per-query-head selection lists in
+//     kernels/common/selection.h (not done). With G = 1 it equals the other aggregations.
+// Ties go to the lower chunk index. Prefill is dense by default (prefill=select applies the
 // selection to every row of a chunk). Nothing is evicted; original RoPE positions.
+// The budget convention (POLICIES.md 9, policies/budget.h): with compression_ratio or
+// budget_tokens set, b = kept(i + 1) is query i's whole read budget, sinks and local region
+// inside: the window shrinks to W_i = clamp(b - S, 1, W) when the budget is small, the local
+// region (extension included) holds at most max(1, b - S) keys, and top-K becomes
+// K_i = floor((b - sink keys outside the local region - local keys) / C) (a chunk holding sinks
+// is charged in full), so a row reads at most max(b, S + 1) keys (S + 1: the sinks and the query
+// itself, the floor); b >= i + 1 reads every eligible chunk (with local=extend: everything).
+// top_k is then derived: setting it too is an error, and so is budget_tokens <= S. Dense
+// prefill rows (the default) still read everything.
 //
 // Defaults C=64, K=32, W=512, S=4; 0 = auto, scaled to the model's training context L when
 // L < 8192: C = clamp(pow2_floor(L/128), 8, 64), W = clamp(L/16, 2C, 512), K = clamp(L/(4C), 2, 32).
@@ -28,6 +52,7 @@
 
 #include "framework/core/error.h"
 #include "framework/policy/simple_factory.h"
+#include "policies/budget.h"
 #include "policies/builtin.h"
 #include "policies/cache_scan.h"
 
@@ -35,7 +60,7 @@ namespace kvlab {
 namespace {
 
 enum class Landmark { kMean, kBounds, kPooled };
-enum class Gqa { kSoftmaxMax, kMax, kSum };
+enum class Gqa { kSoftmaxMax, kMax, kSum, kPerHead };
 
 struct LandmarkConfig {
   int64_t chunk = 64, top_k = 32, window = 512, sinks = 4;
@@ -44,6 +69,7 @@ struct LandmarkConfig {
   bool extend_local = true;
   bool dense_prefill = true;
   bool entropy_bias = true;
+  TokenBudget budget;  // unlimited: top_k and window as given
 };
 
 // a . b with 8 independent partial sums (so the compiler can keep it in one SIMD register).
@@ -87,14 +113,19 @@ class LandmarkPolicy final : public AttentionPolicy {
     out.begin(step.n_new, n_kv);
     for (int r = 0; r < step.n_new; ++r) {
       const int64_t i = step.positions[r];
-      const int64_t n_elig = std::min<int64_t>(std::max<int64_t>(0, (i - c_.window + 1) / c_.chunk), st.n_closed);
-      const int64_t local_begin = c_.extend_local ? n_elig * c_.chunk : i - c_.window + 1;
+      const RowPlan plan = plan_row(i, st.n_closed);
+      const int64_t n_elig = plan.n_elig, local_begin = plan.local_begin, top_k = plan.top_k;
       for (int h = 0; h < n_kv; ++h) {
         ranges_.clear();
         ranges_.push_back({0, c_.sinks});
         ranges_.push_back({local_begin, i + 1});
-        if (n_elig <= c_.top_k) {
+        if (n_elig <= top_k) {
           ranges_.push_back({0, n_elig * c_.chunk});
+        } else if (top_k == 0) {
+          // (a budget with no room for a chunk)
+        } else if (c_.gqa == Gqa::kPerHead && group > 1) {
+          per_head_chunks(step, st.heads[h], r, h, group, n_elig, top_k, tau);
+          for (int32_t c : chosen_) ranges_.push_back({c * c_.chunk, (c + 1) * c_.chunk});
         } else {
           score_chunks(step, scan, st.heads[h], r, h, group, n_elig, tau, i, local_begin);
           order_.resize(size_t(n_elig));
@@ -102,8 +133,8 @@ class LandmarkPolicy final : public AttentionPolicy {
           auto better = [&](int32_t a, int32_t b) {
             return agg_[a] != agg_[b] ? agg_[a] > agg_[b] : a < b;
           };
-          std::nth_element(order_.begin(), order_.begin() + c_.top_k, order_.end(), better);
-          for (int64_t k = 0; k < c_.top_k; ++k)
+          std::nth_element(order_.begin(), order_.begin() + top_k, order_.end(), better);
+          for (int64_t k = 0; k < top_k; ++k)
             ranges_.push_back({order_[k] * c_.chunk, (order_[k] + 1) * c_.chunk});
         }
         normalize_ranges(ranges_, i + 1);
@@ -124,6 +155,69 @@ class LandmarkPolicy final : public AttentionPolicy {
     int64_t n_closed = 0;
     std::vector<HeadChunks> heads;  // [n_kv_heads]
   };
+
+  // What query i reads besides its chunks: n_elig eligible chunks, the local region
+  // [local_begin, i], and how many chunks it may take (see the header).
+  struct RowPlan {
+    int64_t n_elig, local_begin, top_k;
+  };
+  RowPlan plan_row(int64_t i, int64_t n_closed) const {
+    const int64_t C = c_.chunk;
+    const int64_t b = c_.budget.limited() ? c_.budget.kept(i + 1) : -1;
+    if (b < 0 || b >= i + 1) {  // no budget, or one that keeps every key: every eligible chunk
+      const int64_t n_elig = std::min<int64_t>(std::max<int64_t>(0, (i - c_.window + 1) / C), n_closed);
+      return {n_elig, c_.extend_local ? n_elig * C : i - c_.window + 1, b < 0 ? c_.top_k : n_elig};
+    }
+    const int64_t local_max = std::max<int64_t>(1, b - c_.sinks);  // local keys the budget allows
+    const int64_t window = std::min(c_.window, local_max);
+    const int64_t n_elig = std::min<int64_t>(std::max<int64_t>(0, (i - window + 1) / C), n_closed);
+    const int64_t local_begin =
+        std::max(c_.extend_local ? n_elig * C : i - window + 1, i + 1 - local_max);
+    const int64_t sink_keys = std::min(c_.sinks, local_begin);  // sinks outside the local region
+    const int64_t left = b - sink_keys - (i + 1 - local_begin);
+    return {n_elig, local_begin, std::max<int64_t>(0, left) / C};
+  }
+
+  // logits_[c], c < n_elig: query head q's chunk logits (landmarks of hc).
+  void chunk_logits(const float* q, const HeadChunks& hc, int64_t n_elig, float tau, int d) {
+    logits_.resize(size_t(n_elig));
+    for (int64_t c = 0; c < n_elig; ++c) {
+      if (c_.landmark == Landmark::kBounds) {
+        const float* mx = hc.keys.data() + size_t(c) * 2 * d;
+        const float* mn = mx + d;
+        float s = 0.f;
+        for (int k = 0; k < d; ++k) s += std::max(q[k] * mx[k], q[k] * mn[k]);
+        logits_[c] = tau * s;
+      } else {
+        logits_[c] = tau * dot(q, hc.keys.data() + size_t(c) * d, d) + hc.bias[c];
+      }
+    }
+  }
+
+  // gqa=per_head: chosen_ = the union of each query head's top_k chunks by its own logits
+  // (ties to the lower index), taken rank by rank (every head's best, then every head's second,
+  // ...; head order within a rank), at most top_k chunks when a budget is set.
+  void per_head_chunks(const LayerStep& step, const HeadChunks& hc, int r, int h, int group,
+                       int64_t n_elig, int64_t top_k, float tau) {
+    const int d = step.shape.head_dim;
+    ranked_.assign(size_t(group) * top_k, 0);  // [group, top_k]: each head's picks, best first
+    for (int g = 0; g < group; ++g) {
+      chunk_logits(step.queries.data() + (size_t(r) * step.shape.n_heads + h * group + g) * d, hc, n_elig, tau, d);
+      order_.resize(size_t(n_elig));
+      std::iota(order_.begin(), order_.end(), 0);
+      auto better = [&](int32_t a, int32_t b) { return logits_[a] != logits_[b] ? logits_[a] > logits_[b] : a < b; };
+      std::partial_sort(order_.begin(), order_.begin() + top_k, order_.end(), better);
+      std::copy(order_.begin(), order_.begin() + top_k, ranked_.begin() + size_t(g) * top_k);
+    }
+    const int64_t cap = c_.budget.limited() ? top_k : int64_t(group) * top_k;
+    chosen_.clear();
+    taken_.assign(size_t(n_elig), 0);
+    for (int64_t k = 0; k < top_k && int64_t(chosen_.size()) < cap; ++k)
+      for (int g = 0; g < group && int64_t(chosen_.size()) < cap; ++g) {
+        const int32_t c = ranked_[size_t(g) * top_k + k];
+        if (!taken_[c]) taken_[c] = 1, chosen_.push_back(c);
+      }
+  }
 
   // Landmarks for every chunk whose last position is now cached.
   void close_chunks(const LayerStep& step, const CacheScan& scan, float tau) {
@@ -209,18 +303,7 @@ class LandmarkPolicy final : public AttentionPolicy {
     }
     for (int g = 0; g < group; ++g) {
       const float* q = step.queries.data() + (size_t(r) * step.shape.n_heads + h * group + g) * d;
-      logits_.resize(size_t(n_elig));
-      for (int64_t c = 0; c < n_elig; ++c) {
-        if (c_.landmark == Landmark::kBounds) {
-          const float* mx = hc.keys.data() + size_t(c) * 2 * d;
-          const float* mn = mx + d;
-          float s = 0.f;
-          for (int k = 0; k < d; ++k) s += std::max(q[k] * mx[k], q[k] * mn[k]);
-          logits_[c] = tau * s;
-        } else {
-          logits_[c] = tau * dot(q, hc.keys.data() + size_t(c) * d, d) + hc.bias[c];
-        }
-      }
+      chunk_logits(q, hc, n_elig, tau, d);
       if (!probs) {
         for (int64_t c = 0; c < n_elig; ++c) agg_[c] = std::max(agg_[c], logits_[c]);
         continue;
@@ -244,7 +327,8 @@ class LandmarkPolicy final : public AttentionPolicy {
   // Scratch (overwritten every call).
   std::vector<PosRange> ranges_, local_ranges_;
   std::vector<float> keys_, agg_, logits_, local_;
-  std::vector<int32_t> order_;
+  std::vector<int32_t> order_, ranked_, chosen_;
+  std::vector<uint8_t> taken_;
 };
 
 int64_t pow2_floor(int64_t x) { return x < 1 ? 1 : int64_t(std::bit_floor(uint64_t(x))); }
@@ -276,8 +360,9 @@ std::unique_ptr<PolicyFactory> make_landmark_factory() {
        std::nullopt, std::nullopt, {"pooled", "mean", "bounds"}},
       {"entropy_bias", ParamType::kBool, true, "pooled: add the entropy bias -sum p log p", std::nullopt, std::nullopt, {}},
       {"gqa", ParamType::kString, std::string("softmax_max"),
-       "aggregate chunk scores over a KV head's query heads", std::nullopt, std::nullopt,
-       {"softmax_max", "max", "sum"}},
+       "chunk scores over a KV head's query heads: max / sum of softmax probabilities, max of "
+       "logits, or per_head (each query head's own top-K; the KV head reads their union)",
+       std::nullopt, std::nullopt, {"softmax_max", "max", "sum", "per_head"}},
       {"local", ParamType::kString, std::string("extend"),
        "extend: local region reaches back to the last eligible chunk; exact: W keys", std::nullopt,
        std::nullopt, {"extend", "exact"}},
@@ -285,6 +370,7 @@ std::unique_ptr<PolicyFactory> make_landmark_factory() {
        "dense: prefill chunks read everything; select: select per row", std::nullopt,
        std::nullopt, {"dense", "select"}},
   };
+  for (ParamSpec& b : budget_param_specs()) specs.push_back(std::move(b));
   return std::make_unique<SimplePolicyFactory>(
       "landmark", "HiLS-style chunk selection: sinks + local window + top-K chunks by landmark",
       std::move(specs),
@@ -299,7 +385,15 @@ std::unique_ptr<PolicyFactory> make_landmark_factory() {
         c.landmark = lm == "mean" ? Landmark::kMean : lm == "bounds" ? Landmark::kBounds : Landmark::kPooled;
         c.entropy_bias = p.get_bool("entropy_bias");
         const std::string& g = p.get_string("gqa");
-        c.gqa = g == "max" ? Gqa::kMax : g == "sum" ? Gqa::kSum : Gqa::kSoftmaxMax;
+        c.gqa = g == "max" ? Gqa::kMax : g == "sum" ? Gqa::kSum : g == "per_head" ? Gqa::kPerHead : Gqa::kSoftmaxMax;
+        c.budget = TokenBudget::from_params(p);
+        if (c.budget.limited() && p.get_int("top_k") != 0)
+          fail("compression_ratio / budget_tokens give the number of chunks read (what the budget "
+               "leaves after sinks and local region): leave top_k at 0 (auto) or set no budget; "
+               "got top_k = ", p.get_int("top_k"));
+        if (c.budget.budget_tokens > 0 && c.budget.budget_tokens <= c.sinks)
+          fail("budget_tokens (", c.budget.budget_tokens, ") must exceed sinks (", c.sinks,
+               "): the sinks count inside the budget, and each query also reads itself");
         c.extend_local = p.get_string("local") == "extend";
         c.dense_prefill = p.get_string("prefill") == "dense";
         if (c.window < 1) fail("landmark: window must be >= 1");
@@ -320,7 +414,8 @@ std::unique_ptr<PolicyFactory> make_landmark_factory() {
         std::map<std::string, ParamValue> out = p.all();
         out["chunk_size"] = z.chunk;
         out["window"] = z.window;
-        out["top_k"] = z.top_k;
+        // With a budget the chunk count is derived per query (0 recorded: not a fixed K).
+        out["top_k"] = TokenBudget::from_params(p).limited() ? int64_t(0) : z.top_k;
         return out;
       });
 }

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 #include <set>
 
 #include "framework/policy/simple_factory.h"
@@ -212,7 +213,9 @@ TEST(H2o, PrefillReducedInOneStepByGqaSummedMass) {
   for (int j = 0; j < 12; ++j) mass[j] = 0.1f, mass[12 + j] = 0.1f;
   mass[3] = 2.f, mass[7] = 1.5f, mass[5] = 1.f, mass[4] = 1.f;  // head 0: 3, 7, then tie 4 < 5
   mass[12 + 0] = 3.f, mass[12 + 9] = 2.f, mass[12 + 1] = 1.f;     // head 1: 0, 9, 1
-  StepStats st{mass, 12};
+  StepStats st;
+  st.key_mass = mass;
+  st.n_slots = 12;
   Evictions ev;
   ev.clear(2);
   p->after_attention(s, st, ev);
@@ -237,7 +240,9 @@ TEST(H2o, ScoresAccumulateAcrossSteps) {
   auto run = [&](int64_t pos, std::vector<float> mass) {
     f.cache.append(pos, k.data(), v.data());
     LayerStep s = f.step({pos});
-    StepStats st{mass, f.cache.n_slots()};
+    StepStats st;
+    st.key_mass = mass;
+    st.n_slots = f.cache.n_slots();
     Evictions ev;
     ev.clear(1);
     p->after_attention(s, st, ev);
@@ -318,13 +323,68 @@ TEST(Landmark, SelectsSinksWindowAndTopKChunks) {
     }
 }
 
+// gqa=per_head: each query head picks its own top-K by its own logits; the KV head reads the
+// union. Chunk 3 is planted for query head 0, chunk 6 for query head 1, K = 1.
+TEST(Landmark, PerHeadReadsTheUnionOfEachQueryHeadsChoice) {
+  SimOptions o;
+  o.n_heads = 2, o.n_kv_heads = 1, o.head_dim = 8;
+  Fixture f(o);
+  const LayerStep s = f.step({79});
+  const std::vector<float> q(s.queries.begin(), s.queries.end());  // [2 heads, 8]
+  for (std::string lm : {"mean", "bounds"}) {
+    SCOPED_TRACE(lm);
+    Fixture g(o);
+    std::vector<float> k(o.head_dim), v(o.head_dim);
+    for (int64_t p = 0; p < 80; ++p) {
+      testing::generate(o, 7, 0, p, 1, k.data());
+      testing::generate(o, 7, 0, p, 2, v.data());
+      const int head = p >= 24 && p < 32 ? 0 : p >= 48 && p < 56 ? 1 : -1;
+      if (head >= 0)
+        for (int d = 0; d < o.head_dim; ++d) k[d] = 4.f * q[size_t(head) * o.head_dim + d];
+      g.cache.append(p, k.data(), v.data());
+    }
+    auto reads = [&](const std::string& gqa, const std::map<std::string, ParamValue>& extra) {
+      std::map<std::string, ParamValue> params = {{"chunk_size", int64_t(8)}, {"window", int64_t(10)},
+                                                  {"sinks", int64_t(2)}, {"landmark", lm}, {"gqa", gqa}};
+      for (const auto& [key, value] : extra) params[key] = value;
+      auto pol = make("landmark", params, s.shape);
+      std::vector<int64_t> pre(79);
+      std::iota(pre.begin(), pre.end(), 0);
+      KeySelection sel;
+      sel.select_all();
+      pol->select(g.step(pre), sel);
+      LayerStep d = g.step({79});
+      sel.select_all();
+      pol->select(d, sel);
+      return read_positions(sel, g.cache, 0, 0, 79);
+    };
+    auto with_chunks = [](std::vector<int64_t> chunks) {
+      std::vector<int64_t> want = {0, 1};
+      for (int64_t c : chunks)
+        for (int64_t j = c * 8; j < (c + 1) * 8; ++j) want.push_back(j);
+      for (int64_t j = 64; j <= 79; ++j) want.push_back(j);  // local: extend to eligible chunk 7's end
+      return want;
+    };
+    EXPECT_EQ(reads("per_head", {{"top_k", int64_t(1)}}), with_chunks({3, 6}));
+    // One chunk for the group under the aggregating modes.
+    for (std::string gqa : {"softmax_max", "max", "sum"}) {
+      const auto got = reads(gqa, {{"top_k", int64_t(1)}});
+      EXPECT_TRUE(got == with_chunks({3}) || got == with_chunks({6})) << gqa;
+    }
+    // A budget (sinks and local region inside) with room for one chunk: query head 0's best
+    // (heads take turns rank by rank); two chunks: both heads' picks. b = 2 + 16 + 8 (+ 8).
+    EXPECT_EQ(reads("per_head", {{"budget_tokens", int64_t(26)}}), with_chunks({3}));
+    EXPECT_EQ(reads("per_head", {{"budget_tokens", int64_t(34)}}), with_chunks({3, 6}));
+  }
+}
+
 TEST(Landmark, TiesGoToLowerChunks) {
   SimOptions o;
   o.n_heads = 2, o.n_kv_heads = 1;
   Fixture f(o);
   std::vector<float> k(o.head_dim, 0.5f), v(o.head_dim, 1.f);
   for (int64_t p = 0; p < 64; ++p) f.cache.append(p, k.data(), v.data());  // identical keys
-  for (std::string gqa : {"softmax_max", "max", "sum"}) {
+  for (std::string gqa : {"softmax_max", "max", "sum", "per_head"}) {
     auto pol = make("landmark", {{"chunk_size", int64_t(8)}, {"top_k", int64_t(2)},
                                  {"window", int64_t(8)}, {"sinks", int64_t(0)}, {"gqa", gqa},
                                  {"landmark", std::string("mean")}},

@@ -143,6 +143,28 @@ std::vector<PolicyConfig> acting_policy_configs(const std::vector<std::string>& 
   // new ones there too, keeping here only what a factory cannot state (e.g. a path made at test
   // time).
   std::vector<PolicyConfig> out = {
+      // Prompt-end policies compress at the conformance schedules' first chunk (prompt_end);
+      // every_step variants compress from the start.
+      {"snapkv", P{{"compression_ratio", 0.5}, {"window", int64_t(4)}}},
+      {"snapkv", P{{"budget_tokens", int64_t(8)}, {"window", int64_t(3)}, {"kernel_size", int64_t(3)},
+                   {"pooling", std::string("max")}, {"compress", std::string("every_step")}}},
+      {"pyramidkv", P{{"compression_ratio", 0.5}, {"window", int64_t(2)}, {"beta", 2.0}}},
+      {"adakv", P{{"compression_ratio", 0.5}, {"window", int64_t(2)}}},
+      {"adakv", P{{"budget_tokens", int64_t(9)}, {"scorer", std::string("tova")},
+                  {"compress", std::string("every_step")}}},
+      {"tova", P{{"compression_ratio", 0.6}}},
+      {"tova", P{{"budget_tokens", int64_t(7)}, {"gqa", std::string("layer")}}},
+      {"knorm", P{{"compression_ratio", 0.5}}},
+      {"random", P{{"budget_tokens", int64_t(6)}, {"compress", std::string("every_step")}}},
+      {"random", P{{"compression_ratio", 0.75}}},
+      {"h2o", P{{"compression_ratio", 0.7}, {"sinks", int64_t(1)}}},
+      {"landmark", P{{"chunk_size", int64_t(8)}, {"top_k", int64_t(2)}, {"window", int64_t(12)},
+                     {"gqa", std::string("per_head")}}},
+      // The budget convention (POLICIES.md 9; budget_policies_test checks it in detail).
+      {"sinks", P{{"sinks", int64_t(2)}, {"compression_ratio", 0.5}, {"rope_positions", std::string("original")}}},
+      {"sinks", P{{"sinks", int64_t(4)}, {"budget_tokens", int64_t(12)}}},
+      {"landmark", P{{"chunk_size", int64_t(4)}, {"window", int64_t(6)}, {"compression_ratio", 0.5},
+                     {"gqa", std::string("per_head")}, {"prefill", std::string("select")}}},
   };
   std::erase_if(out, [&](const PolicyConfig& c) {
     return std::find(registered.begin(), registered.end(), c.policy) == registered.end();
@@ -181,7 +203,7 @@ std::string check_prefill_mask(const PolicyNeeds& needs, const KeySelection& sel
   return "";
 }
 
-PolicySimulator::Step PolicySimulator::step(AttentionPolicy& policy, int n_new) {
+PolicySimulator::Step PolicySimulator::step(AttentionPolicy& policy, int n_new, bool prompt_end) {
   const PolicyModelShape sh = shape();
   const int H = o_.n_heads, Hkv = o_.n_kv_heads, d = o_.head_dim, G = H / Hkv;
   const float tau = 1.f / std::sqrt(float(d));
@@ -199,7 +221,8 @@ PolicySimulator::Step PolicySimulator::step(AttentionPolicy& policy, int n_new) 
       cache.append(positions[r], k.data(), v.data());
     }
     LayerStep ls{.layer = layer, .is_prefill = n_new > 1, .n_new = n_new, .positions = positions,
-                 .queries = q, .cache = &cache, .shape = sh};
+                 .queries = needs.queries ? std::span<const float>(q) : std::span<const float>(),
+                 .cache = &cache, .shape = sh, .prompt_end = prompt_end, .seed = seed_};
     KeySelection sel;
     sel.select_all();
     policy.select(ls, sel);
@@ -212,8 +235,12 @@ PolicySimulator::Step PolicySimulator::step(AttentionPolicy& policy, int n_new) 
     // is not after the query's.
     const int n_slots = cache.n_slots();
     std::vector<float> mass(needs.key_attention_mass ? size_t(Hkv) * n_slots : 0, 0.f);
+    const bool window = needs.observation_window > 0 && (prompt_end || needs.observe_every_step);
+    const int window_rows = window ? std::min(needs.observation_window, n_new) : 0;
+    std::vector<float> window_att(window ? size_t(H) * n_slots : 0, 0.f);
     std::vector<float> out(size_t(n_new) * H * d, 0.f);
     std::vector<char> selected(n_slots);
+    std::vector<int64_t> reads(size_t(n_new) * Hkv, 0);
     for (int r = 0; r < n_new; ++r)
       for (int qh = 0; qh < H; ++qh) {
         const int h = qh / G;
@@ -232,12 +259,20 @@ PolicySimulator::Step PolicySimulator::step(AttentionPolicy& policy, int n_new) 
             });
         float* o = out.data() + (size_t(r) * H + qh) * d;
         for (int f = 0; f < d; ++f) o[f] = float(ref.out[f]);
+        if (qh % G == 0)
+          for (int s = 0; s < n_slots; ++s)
+            reads[size_t(r) * Hkv + h] +=
+                selected[s] && cache.slot_valid(s, h) && cache.slot_position(s, h) <= positions[r];
         if (!mass.empty())
           for (int s = 0; s < n_slots; ++s) mass[size_t(h) * n_slots + s] += float(ref.p[s]);
+        if (window && r >= n_new - window_rows)
+          for (int s = 0; s < n_slots; ++s) window_att[size_t(qh) * n_slots + s] += float(ref.p[s]);
       }
     StepStats stats;
     stats.key_mass = mass;
     stats.n_slots = n_slots;
+    stats.window_attention = window_att;
+    stats.window_rows = window_rows;
     Evictions ev;
     ev.clear(Hkv);
     policy.after_attention(ls, stats, ev);
@@ -247,6 +282,7 @@ PolicySimulator::Step PolicySimulator::step(AttentionPolicy& policy, int n_new) 
       res.violations.push_back(str_cat("layer ", layer, ": bad evictions: ", e.what()));
     }
     res.out.push_back(std::move(out));
+    res.reads.push_back(std::move(reads));
     std::vector<int64_t> resident(Hkv);
     for (int h = 0; h < Hkv; ++h) resident[h] = cache.resident(h);
     res.resident.push_back(std::move(resident));

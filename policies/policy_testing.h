@@ -73,10 +73,14 @@ class PolicySimulator {
   struct Step {
     std::vector<std::vector<float>> out;        // [layer][n_new * n_heads * head_dim]
     std::vector<std::vector<int64_t>> resident; // [layer][kv_head] after evictions
+    std::vector<std::vector<int64_t>> reads;    // [layer][row * n_kv_heads + kv_head] keys read
     std::vector<std::string> violations;        // selection/eviction contract breaches
   };
-  // Feeds n_new tokens (positions n_seen ..) as one step through every layer.
-  Step step(AttentionPolicy& policy, int n_new);
+  // Feeds n_new tokens (positions n_seen ..) as one step through every layer; prompt_end marks
+  // the step as the prompt's end (LayerStep::prompt_end). Queries reach the policy only when
+  // its needs() ask (as in the engine); the observation window (PolicyNeeds) comes from the
+  // same fp64 reference rows as the outputs.
+  Step step(AttentionPolicy& policy, int n_new, bool prompt_end = false);
   // A new sample: fresh cache and seed, position 0 (the policy is reset by the caller).
   void restart(uint64_t seed);
   int64_t n_seen() const { return n_seen_; }

@@ -7,6 +7,10 @@
 // query of its (layer, KV head) can read is dropped (non-summary keys; with A-only heads every
 // key of the closed block). Strided evicts nothing (every key stays reachable). Original
 // positions.
+// No compression_ratio / budget_tokens (POLICIES.md 9), a decision: the pattern's size follows
+// from l (strided reads about l + i/l keys, at least 2*sqrt(i + 1) for any l; fixed keeps
+// l + c*i/l) and no budget picks an l that meets it at every length, so the pattern would only
+// be cut arbitrarily. Compare it at equal memory by its `stride` (and its reported reads).
 #include "framework/core/error.h"
 #include "framework/policy/simple_factory.h"
 #include "kernels/common/masks.h"

@@ -35,7 +35,8 @@ PolicyMaker make_policy_maker(const PolicyChoice& choice, PolicyRegistry& regist
   for (const std::string& p : choice.plugins) registry.load_plugin(p);
   const PolicyFactory& f = registry.at(choice.name);
   const ParamValues values = validate_params(f.name(), f.params(), choice.params, "--policy-param");
-  f.create(values, shape);  // surfaces construction errors (bad combinations) now
+  // Surfaces construction errors (bad combinations) now, naming --policy-param and the policy.
+  registry.create(choice.name, choice.params, shape, "--policy-param");
   return [&f, values, shape]() { return f.create(values, shape); };
 }
 

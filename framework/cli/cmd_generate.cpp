@@ -73,7 +73,7 @@ int run_generate(const std::vector<std::string>& args) {
 
   std::vector<float> logits;
   const auto t0 = Clock::now();
-  const StepStatus st = engine.prefill(seq, prompt, logits);
+  const StepStatus st = engine.prefill(seq, prompt, logits, false, /*prompt_end=*/true);
   if (st != StepStatus::kOk) fail("prefill of the ", prompt.size(), "-token prompt failed: ", step_status_name(st));
   const double prefill_s = since(t0);
 

@@ -1,7 +1,11 @@
 // The attention-step pipeline (attention_step.h).
 #include "framework/engine/attention_step.h"
 
+#include <algorithm>
+#include <cmath>
+
 #include "kernels/cpu/attention.h"
+#include "kernels/cpu/attention_stats.h"
 
 namespace kvlab::engine_detail {
 
@@ -32,7 +36,13 @@ void AttentionStep::prepare(Group& g, int layer, float* q, const float* k, const
   step.is_prefill = g.n_rows > 1;
   step.n_new = g.n_rows;
   step.positions = g.positions;
-  step.queries = std::span<const float>(q, static_cast<size_t>(g.n_rows) * qd);
+  step.prompt_end = g.prompt_end;
+  step.seed = s.seed;
+  g.q = q;
+  // Only a policy that declares it reads the queries gets them (the device path copies them
+  // back for it alone).
+  step.queries = s.needs.queries ? std::span<const float>(q, static_cast<size_t>(g.n_rows) * qd)
+                                 : std::span<const float>();
   const LayerKv kv = store_.layer(s.id, layer);
   s.cache_view = LayerKvCacheView(kv);
   step.cache = &s.cache_view;
@@ -55,6 +65,21 @@ bool AttentionStep::finish(Group& g, int layer, const float* out) {
   StepStats stats;
   stats.n_slots = kv.n_slots;
   if (s.needs.key_attention_mass) stats.key_mass = s.key_mass;
+  const int window = s.needs.observation_window;
+  if (window > 0 && (g.prompt_end || s.needs.observe_every_step)) {
+    const int rows = std::min(window, g.n_rows);
+    AttentionArgs a = attention_args(g.q, g.n_rows, c_.n_heads, c_.n_kv_heads, c_.head_dim,
+                                     g.positions.data(), kv, 1.f / std::sqrt(float(c_.head_dim)));
+    a.selection = &s.selection;
+    if (s.needs.rope_at_cache_position) {
+      a.key_rope_pos = s.key_rope_pos.data();
+      a.rope = &rope_;
+    }
+    s.window_attention.assign(static_cast<size_t>(c_.n_heads) * kv.n_slots, 0.f);
+    window_attention(a, g.n_rows - rows, s.window_attention.data());
+    stats.window_attention = s.window_attention;
+    stats.window_rows = rows;
+  }
   evictions_.clear(c_.n_kv_heads);
   s.policy->after_attention(g.step, stats, evictions_);
   if (evictions_.empty()) return false;

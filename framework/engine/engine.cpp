@@ -126,9 +126,10 @@ const Engine::Sequence& Engine::seq_at(SeqId seq) const {
 }
 Engine::Sequence& Engine::seq_at(SeqId seq) { return const_cast<Sequence&>(std::as_const(*this).seq_at(seq)); }
 
-SeqId Engine::start_sequence(std::unique_ptr<AttentionPolicy> policy) {
+SeqId Engine::start_sequence(std::unique_ptr<AttentionPolicy> policy, uint64_t seed) {
   auto s = std::make_unique<Sequence>();
   s->id = store_->create_sequence();
+  s->seed = seed;
   if (policy) s->needs = policy->needs();
   s->policy = std::move(policy);
   if (probe_) probe_->start(*s);
@@ -159,6 +160,7 @@ SeqId Engine::fork(SeqId seq, std::unique_ptr<AttentionPolicy> child_policy) {
   s->id = store_->fork(seq);
   if (child_policy) s->needs = child_policy->needs();
   s->policy = std::move(child_policy);
+  s->seed = parent.seed;
   s->n_tokens = parent.n_tokens;
   if (probe_) probe_->fork(parent, *s);  // the parent's shadow copies; counts start at 0
   s->blocks_current = s->blocks_peak = parent.blocks_current;
@@ -180,6 +182,8 @@ SequenceStats Engine::sequence_stats(SeqId seq) const {
     st.attended_set_mean = s.attended.set_sum / s.decode_steps;
     st.attended_achieved_mean = s.attended.achieved_sum / s.decode_steps;
   }
+  st.resident_at_prompt_end = s.resident_at_prompt_end;
+  st.tokens_at_prompt_end = s.tokens_at_prompt_end;
   st.blocks_current = s.blocks_current;
   st.blocks_peak = s.blocks_peak;
   st.kv_bytes_current = static_cast<size_t>(s.blocks_current) * store_->block_bytes();
@@ -204,8 +208,20 @@ void Engine::record_kv_usage(Sequence& s) {
 
 // ---- the forward pass -------------------------------------------------------------------------
 
+// Chunk lengths of a prefill of n tokens: chunk_tokens each, the last one lengthened to
+// min(n, window) rows when the call ends the prompt and the policy observes a window.
+static std::vector<int64_t> prefill_chunks(int64_t n, int64_t chunk_tokens, int64_t window) {
+  int64_t last = n % chunk_tokens == 0 ? std::min(n, chunk_tokens) : n % chunk_tokens;
+  last = std::max(last, std::min(n, window));
+  std::vector<int64_t> chunks;
+  for (int64_t start = 0; start < n - last; start += chunk_tokens)
+    chunks.push_back(std::min(chunk_tokens, n - last - start));
+  chunks.push_back(last);
+  return chunks;
+}
+
 StepStatus Engine::prefill(SeqId seq, std::span<const int32_t> tokens, std::vector<float>& logits,
-                           bool all_logits) {
+                           bool all_logits, bool prompt_end) {
   Sequence& s = seq_at(seq);
   const ModelConfig& c = config();
   if (tokens.empty()) fail("engine: prefill of sequence ", seq, " with no tokens");
@@ -214,13 +230,17 @@ StepStatus Engine::prefill(SeqId seq, std::span<const int32_t> tokens, std::vect
   if (s.n_tokens + static_cast<int64_t>(tokens.size()) > opts_.max_tokens) return StepStatus::kContextFull;
   const int64_t n_total = static_cast<int64_t>(tokens.size());
   logits.resize(static_cast<size_t>(all_logits ? n_total : 1) * c.vocab_size);
-  for (int64_t start = 0; start < n_total; start += opts_.prefill_chunk_tokens) {
-    const int n = static_cast<int>(std::min<int64_t>(opts_.prefill_chunk_tokens, n_total - start));
+  const std::vector<int64_t> chunks =
+      prefill_chunks(n_total, opts_.prefill_chunk_tokens, prompt_end ? s.needs.observation_window : 0);
+  int64_t start = 0;
+  for (const int64_t chunk : chunks) {
+    const int n = static_cast<int>(chunk);
     if (store_->reserve(seq, n) != AllocStatus::kOk) return StepStatus::kOutOfBlocks;
     Group g;
     g.seq = &s;
     g.row0 = 0;
     g.n_rows = n;
+    g.prompt_end = prompt_end && start + n == n_total;
     g.positions.resize(n);
     for (int r = 0; r < n; ++r) g.positions[r] = s.n_tokens + r;
     std::vector<int> logit_rows;
@@ -235,6 +255,13 @@ StepStatus Engine::prefill(SeqId seq, std::span<const int32_t> tokens, std::vect
     forward(std::span<Group>(&g, 1), tokens.subspan(start, n), logit_rows, out);
     s.n_tokens += n;
     record_kv_usage(s);
+    start += n;
+  }
+  if (prompt_end) {
+    s.resident_at_prompt_end.clear();
+    s.tokens_at_prompt_end = s.n_tokens;
+    for (int l = 0; l < c.n_layers; ++l)
+      for (int h = 0; h < c.n_kv_heads; ++h) s.resident_at_prompt_end.push_back(store_->resident_tokens(seq, l, h));
   }
   return StepStatus::kOk;
 }
@@ -302,7 +329,9 @@ void Engine::forward(std::span<Group> groups, std::span<const int32_t> tokens,
       if (g.positions[r] > INT32_MAX) fail("engine: text position ", g.positions[r], " exceeds int32");
       rope_pos[g.row0 + r] = cache_pos ? -1 : static_cast<int32_t>(g.positions[r]);
     }
-    need_q = need_q || g.seq->policy != nullptr || g.seq->probe.probing_step || cache_pos;
+    const PolicyNeeds& needs = g.seq->needs;
+    need_q = need_q || needs.queries || needs.observation_window > 0 || g.seq->probe.probing_step ||
+             cache_pos;
     need_out = need_out || step_->wants_output(*g.seq);
   }
   backend_->begin_call(groups, tokens);

@@ -125,6 +125,11 @@ struct SequenceStats {
   // when probes are off. Pooled: sum of samples = probe_samples, and
   // sum of recall_sum / probe_samples = probe_recall_mean (likewise rel_error).
   std::vector<LayerProbeStats> probe_per_layer;
+  // Achieved memory (POLICIES.md 9): tokens resident per (layer, KV head), element
+  // l * n_kv_heads + h, right after the prefill that ended the prompt (Engine::prefill
+  // prompt_end), i.e. after a prompt-end policy compressed; empty when no prompt end was fed.
+  std::vector<int64_t> resident_at_prompt_end;
+  int64_t tokens_at_prompt_end = 0;  // tokens fed when the prompt ended
 };
 
 class Engine {
@@ -139,7 +144,8 @@ class Engine {
   int threads() const { return pool_.size(); }
 
   // nullptr policy = full attention. The engine owns the policy for the sequence's lifetime.
-  SeqId start_sequence(std::unique_ptr<AttentionPolicy> policy = nullptr);
+  // `seed`: the sample's seed, handed to the policy in every LayerStep (randomised policies).
+  SeqId start_sequence(std::unique_ptr<AttentionPolicy> policy = nullptr, uint64_t seed = 0);
   void end_sequence(SeqId seq);
   // A copy of `seq` sharing its KV blocks (copy-on-write). A policy's state cannot be copied,
   // so a sequence with a policy needs `child_policy` (a fresh one) and throws Error without it.
@@ -148,8 +154,11 @@ class Engine {
 
   // Feeds tokens through the model in chunks of prefill_chunk_tokens. logits: [vocab] of the
   // last token, or [tokens.size(), vocab] when all_logits. An empty span is an Error.
+  // prompt_end: the last of these tokens ends the prompt; the policy sees LayerStep::prompt_end
+  // on the last chunk, which is made at least PolicyNeeds::observation_window rows long (the
+  // chunk before it shrinks) so an observation window lies inside one chunk.
   StepStatus prefill(SeqId seq, std::span<const int32_t> tokens, std::vector<float>& logits,
-                     bool all_logits = false);
+                     bool all_logits = false, bool prompt_end = false);
   // One token for each sequence of the batch (distinct sequences); logits [batch, vocab]. The
   // dense layers read each weight once for the whole batch.
   StepStatus decode(std::span<const SeqId> seqs, std::span<const int32_t> tokens,

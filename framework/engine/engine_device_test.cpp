@@ -58,7 +58,20 @@ std::vector<std::pair<std::string, std::map<std::string, ParamValue>>> acting_po
           {"landmark", {{"chunk_size", int64_t{8}}, {"top_k", int64_t{2}}, {"window", int64_t{12}},
                         {"prefill", std::string("select")}}},
           {"sliding_window", {{"window", int64_t{9}}, {"plus_one", true}, {"mode", std::string("mask")}}},
-          {"sinks", {{"sinks", int64_t{3}}, {"recent", int64_t{7}}, {"rope_positions", std::string("original")}}}};
+          {"sinks", {{"sinks", int64_t{3}}, {"recent", int64_t{7}}, {"rope_positions", std::string("original")}}},
+          // compress at the prefill's end (prompt_end) or after every step
+          {"snapkv", {{"compression_ratio", 0.5}, {"window", int64_t{6}}}},
+          {"pyramidkv", {{"compression_ratio", 0.6}, {"window", int64_t{4}}, {"beta", 2.0}}},
+          {"adakv", {{"budget_tokens", int64_t{20}}, {"window", int64_t{4}}}},
+          {"tova", {{"budget_tokens", int64_t{16}}}},
+          {"knorm", {{"compression_ratio", 0.5}, {"compress", std::string("every_step")}}},
+          {"random", {{"compression_ratio", 0.7}}},
+          // The budget convention (POLICIES.md 9): a ratio window (per-row lists, no prefill
+          // mask), a token budget with sinks (a prefill mask), landmark per_head under a ratio.
+          {"sliding_window", {{"compression_ratio", 0.5}}},
+          {"sinks", {{"sinks", int64_t{2}}, {"budget_tokens", int64_t{12}}}},
+          {"landmark", {{"chunk_size", int64_t{8}}, {"window", int64_t{12}}, {"compression_ratio", 0.5},
+                        {"gqa", std::string("per_head")}, {"prefill", std::string("select")}}}};
 }
 
 struct Trace {
@@ -72,7 +85,7 @@ Trace run(Engine& e, const std::string& policy, const std::map<std::string, Para
   SeqId s = e.start_sequence(policy.empty() ? nullptr : registry.create(policy, params, policy_shape(c)));
   Trace t;
   std::vector<float> lg;
-  EXPECT_EQ(e.prefill(s, tokens(45, 1, c.vocab_size), lg), StepStatus::kOk);
+  EXPECT_EQ(e.prefill(s, tokens(45, 1, c.vocab_size), lg, false, /*prompt_end=*/true), StepStatus::kOk);
   t.logits = lg;
   for (int32_t tok : tokens(30, 2, c.vocab_size)) {
     EXPECT_EQ(e.decode(std::span(&s, 1), std::span(&tok, 1), lg), StepStatus::kOk);
@@ -174,7 +187,7 @@ TEST_P(EngineDevice, BatchedDecodeOfMixedPoliciesEqualsEachAlone) {
   for (size_t i = 0; i < pick.size(); ++i) {
     const auto& [name, params] = policies[pick[i]];
     seqs.push_back(gpu.start_sequence(name.empty() ? nullptr : registry.create(name, params, policy_shape(c))));
-    ASSERT_EQ(gpu.prefill(seqs[i], tokens(45, 1, c.vocab_size), lg), StepStatus::kOk);
+    ASSERT_EQ(gpu.prefill(seqs[i], tokens(45, 1, c.vocab_size), lg, false, true), StepStatus::kOk);
     got[i] = lg;
   }
   for (int32_t tok : tokens(30, 2, c.vocab_size)) {

@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <random>
+#include <tuple>
 
 #include "framework/engine/engine.h"
 #include "framework/engine/engine_testing.h"
@@ -26,7 +27,7 @@ std::vector<float> run(Engine& e, std::unique_ptr<AttentionPolicy> policy, const
   SeqId s = e.start_sequence(std::move(policy));
   std::vector<float> all, lg;
   const auto prompt = tokens(48, 1), cont = tokens(40, 2);
-  EXPECT_EQ(e.prefill(s, prompt, lg), StepStatus::kOk);
+  EXPECT_EQ(e.prefill(s, prompt, lg, false, /*prompt_end=*/true), StepStatus::kOk);
   all.insert(all.end(), lg.begin(), lg.end());
   for (int32_t t : cont) {
     EXPECT_EQ(e.decode(std::span(&s, 1), std::span(&t, 1), lg), StepStatus::kOk);
@@ -61,6 +62,12 @@ TEST(EnginePolicies, EveryBuiltinRunsWithinItsBudget) {
       {"sinks", {{"sinks", int64_t{2}}, {"recent", int64_t{10}}}},
       {"sliding_window", {{"window", int64_t{9}}}},
       {"strided", {{"stride", int64_t{5}}}},
+      {"snapkv", {{"compression_ratio", 0.5}, {"window", int64_t{8}}}},
+      {"pyramidkv", {{"compression_ratio", 0.5}, {"window", int64_t{8}}}},
+      {"adakv", {{"compression_ratio", 0.5}, {"window", int64_t{8}}}},
+      {"tova", {{"budget_tokens", int64_t{20}}}},
+      {"knorm", {{"compression_ratio", 0.5}}},
+      {"random", {{"budget_tokens", int64_t{12}}, {"compress", std::string("every_step")}}},
   };
   for (const std::string& name : registry.names()) {
     for (bool defaults : {true, false}) {
@@ -70,7 +77,7 @@ TEST(EnginePolicies, EveryBuiltinRunsWithinItsBudget) {
         if (!acting.count(name)) continue;
         params = acting.at(name);
       }
-      const bool evicts = !defaults && (name == "h2o" || name == "sinks" || name == "sliding_window");
+      const bool evicts = !defaults && name != "landmark" && name != "strided";
       run(e, registry.create(name, params, shape), c, /*check_budget=*/true, evicts);
     }
   }
@@ -96,6 +103,92 @@ namespace {
 
 // EngineOptions::max_tokens: a sequence may pass the model's max_seq_len (StreamingLLM's
 // setting); the default stops it there; the limit returns kContextFull and changes nothing.
+// The prompt-end protocol (policy.h): a policy that observes a window of w rows sees
+// LayerStep::prompt_end on the prefill's last chunk only, that chunk holds at least w rows (the
+// chunk before it shrinks), StepStats::window_attention holds, per query head, the last
+// min(w, rows) rows' probabilities (each row's sum to 1 under full attention), queries arrive
+// only when asked, and the sequence's seed reaches every step.
+class RecordingPolicy final : public AttentionPolicy {
+ public:
+  struct Seen {
+    int layer, n_new;
+    bool prompt_end;
+    int window_rows;
+    std::vector<double> head_sums;  // per query head, sum of window_attention
+    bool queries;
+    uint64_t seed;
+  };
+  RecordingPolicy(int window, bool queries, std::vector<Seen>& log)
+      : window_(window), queries_(queries), log_(log) {}
+  PolicyNeeds needs() const override {
+    PolicyNeeds n;
+    n.observation_window = window_;
+    n.queries = queries_;
+    return n;
+  }
+  void after_attention(const LayerStep& step, const StepStats& stats, Evictions&) override {
+    Seen s{step.layer, step.n_new, step.prompt_end, stats.window_rows, {}, !step.queries.empty(), step.seed};
+    if (!stats.window_attention.empty())
+      for (int h = 0; h < step.shape.n_heads; ++h) {
+        double sum = 0;
+        for (int j = 0; j < stats.n_slots; ++j) sum += stats.window_attention[size_t(h) * stats.n_slots + j];
+        s.head_sums.push_back(sum);
+      }
+    log_.push_back(s);
+  }
+  void reset() override {}
+
+ private:
+  int window_;
+  bool queries_;
+  std::vector<Seen>& log_;
+};
+
+TEST(EnginePolicies, PromptEndChunkHoldsTheObservationWindow) {
+  const ModelConfig c = small_config();
+  auto model = make_random_model(c, DType::kF32, 7);
+  EngineOptions o{.threads = 1, .block_size_tokens = 8, .prefill_chunk_tokens = 8};
+  Engine e(*model, o);
+  for (const auto& [n, window, prompt_end, queries] :
+       std::vector<std::tuple<int, int, bool, bool>>{{17, 6, true, false}, {16, 5, true, true},
+                                                     {17, 6, false, true}, {4, 6, true, false},
+                                                     {17, 12, true, false}}) {
+    SCOPED_TRACE(testing::Message() << "n " << n << " window " << window << " prompt_end " << prompt_end);
+    std::vector<RecordingPolicy::Seen> log;
+    const SeqId s = e.start_sequence(std::make_unique<RecordingPolicy>(window, queries, log), 99);
+    std::vector<float> lg;
+    ASSERT_EQ(e.prefill(s, tokens(n, 8), lg, false, prompt_end), StepStatus::kOk);
+    int32_t t = 3;
+    ASSERT_EQ(e.decode(std::span(&s, 1), std::span(&t, 1), lg), StepStatus::kOk);
+    e.end_sequence(s);
+    // the chunks the policy saw (layer 0): 8-token chunks, the last lengthened to the window
+    std::vector<int> chunks;
+    for (const auto& r : log) if (r.layer == 0) chunks.push_back(r.n_new);
+    int last = n % 8 == 0 ? 8 : n % 8;
+    if (prompt_end) last = std::max(last, std::min(n, window));
+    std::vector<int> want;
+    for (int done = 0; done < n - last; done += 8) want.push_back(std::min(8, n - last - done));
+    want.push_back(last);
+    want.push_back(1);  // the decode step
+    EXPECT_EQ(chunks, want);
+    for (size_t i = 0; i < log.size(); ++i) {
+      const auto& r = log[i];
+      const bool end = prompt_end && i + c.n_layers * 2 >= log.size() && i + c.n_layers < log.size();
+      EXPECT_EQ(r.prompt_end, end) << "record " << i;
+      EXPECT_EQ(r.queries, queries);
+      EXPECT_EQ(r.seed, 99u);
+      if (!end) {
+        EXPECT_EQ(r.window_rows, 0);
+        continue;
+      }
+      EXPECT_EQ(r.window_rows, std::min(window, r.n_new));
+      ASSERT_EQ(int(r.head_sums.size()), c.n_heads);
+      // each row's probabilities sum to 1 (float sums over <= 17 slots and <= 12 rows)
+      for (double sum : r.head_sums) EXPECT_NEAR(sum, r.window_rows, 1e-5);
+    }
+  }
+}
+
 TEST(EnginePolicies, MaxTokensLetsSequencesPassTheModelContext) {
   const ModelConfig c = small_config();  // max_seq_len 256
   auto model = make_random_model(c, DType::kF32, 5);

@@ -41,16 +41,20 @@ struct Sequence {
   SeqId id = -1;
   std::unique_ptr<AttentionPolicy> policy;
   PolicyNeeds needs;
+  uint64_t seed = 0;                  // LayerStep::seed
   int64_t n_tokens = 0;
   int64_t decode_steps = 0;
   int64_t blocks_current = 0, blocks_peak = 0;
   AttendedCounts attended;
+  std::vector<int64_t> resident_at_prompt_end;  // SequenceStats
+  int64_t tokens_at_prompt_end = 0;
   ProbeState probe;
   // The layer being computed (filled by AttentionStep::prepare, read by the backend's attention
   // and AttentionStep::finish); kept here so the buffers are reused from step to step.
   LayerKvCacheView cache_view;        // the policy's view of the layer (LayerStep::cache)
   KeySelection selection;             // arrives select_all(); the policy's choice
   std::vector<float> key_mass;        // [n_kv_heads, n_slots] zeroed when the policy asks
+  std::vector<float> window_attention;  // [n_heads, n_slots] (PolicyNeeds::observation_window)
   std::vector<int32_t> key_rope_pos;  // [n_slots, n_kv_heads] cache ranks (rope_at_cache_position)
 };
 
@@ -60,7 +64,9 @@ struct Group {
   Sequence* seq = nullptr;
   int row0 = 0, n_rows = 0;
   bool decode = false;
+  bool prompt_end = false;         // the last row ends the prompt (LayerStep::prompt_end)
   std::vector<int64_t> positions;  // [n_rows] text positions
+  const float* q = nullptr;        // [n_rows, n_heads, hd] this layer's queries (host, prepare)
   LayerStep step;                  // the current layer
 };
 

@@ -19,16 +19,18 @@ class EngineLm::Seq : public LmSequence {
     lm_.ended.push_back(lm_.engine_.sequence_stats(id_));
     lm_.engine_.end_sequence(id_);
   }
-  const std::vector<float>& prefill(std::span<const int32_t> tokens, bool all_logits) override {
+  const std::vector<float>& prefill(std::span<const int32_t> tokens, bool all_logits,
+                                    bool prompt_end) override {
     const auto t0 = Clock::now();
     const int64_t before = lm_.engine_.n_tokens(id_);
-    const StepStatus st = lm_.engine_.prefill(id_, tokens, logits_, all_logits);
+    const StepStatus st = lm_.engine_.prefill(id_, tokens, logits_, all_logits, prompt_end);
     // prefill stops at the chunk that found no room (engine.h): that chunk is the need
     const int64_t left = int64_t(tokens.size()) - (lm_.engine_.n_tokens(id_) - before);
     check(st, int(std::min<int64_t>(left, lm_.engine_.options().prefill_chunk_tokens)));
     lm_.prefill_s += seconds_since(t0);
     lm_.prefill_tokens += int64_t(tokens.size());
     if (lm_.on_tokens) lm_.on_tokens(lm_.prefill_tokens + lm_.decode_tokens);
+    if (prompt_end && lm_.on_prompt_end) lm_.on_prompt_end(id_);
     return logits_;
   }
   const std::vector<float>& decode(int32_t token) override {
@@ -60,8 +62,8 @@ class EngineLm::Seq : public LmSequence {
   std::vector<float> logits_;
 };
 
-std::unique_ptr<LmSequence> EngineLm::start() {
-  return std::make_unique<Seq>(*this, engine_.start_sequence(make_policy_()));
+std::unique_ptr<LmSequence> EngineLm::start(uint64_t seed) {
+  return std::make_unique<Seq>(*this, engine_.start_sequence(make_policy_(), seed));
 }
 
 }  // namespace kvlab

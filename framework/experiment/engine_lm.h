@@ -31,12 +31,16 @@ class EngineLm : public LanguageModel {
       : engine_(engine), make_policy_(std::move(make_policy)) {}
 
   int32_t vocab_size() const override { return engine_.config().vocab_size; }
-  std::unique_ptr<LmSequence> start() override;
+  std::unique_ptr<LmSequence> start(uint64_t seed) override;
 
   double prefill_s = 0, decode_s = 0;
   int64_t prefill_tokens = 0, decode_tokens = 0;
   std::vector<SequenceStats> ended;  // in the order the sequences ended
   std::function<void(int64_t)> on_tokens;  // tokens fed so far (every prefill, every 16 decodes)
+  // Called right after a prefill that ended the prompt (the policy has compressed): what the
+  // evaluations read of the cache there (NIAH: which needle tokens each layer kept).
+  std::function<void(SeqId)> on_prompt_end;
+  const Engine& engine() const { return engine_; }
 
   void reset_counters() {
     prefill_s = decode_s = 0;

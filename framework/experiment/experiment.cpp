@@ -292,7 +292,8 @@ void parse_niah(const Reader& r, const YAML::Node& node, const fs::path& file, N
   const std::string path = "evals.niah";
   r.expect_map(node, path,
                {"haystack", "context_lengths", "depths", "trials", "needle", "question",
-                "value_digits", "needle_placement", "max_answer_tokens", "decode_tail_tokens"},
+                "value_digits", "needle_placement", "max_answer_tokens", "decode_tail_tokens",
+                "protocol"},
                {"haystack", "context_lengths", "depths"});
   n.enabled = true;
   n.ref = r.ref(node, path);
@@ -323,6 +324,16 @@ void parse_niah(const Reader& r, const YAML::Node& node, const fs::path& file, N
       n.decode_tail_tokens = -1;
     else
       n.decode_tail_tokens = int(r.get_int(t, path + ".decode_tail_tokens", 0, 1 << 20));
+  }
+  if (node["protocol"]) {
+    const std::string p = r.get_choice(node["protocol"], path + ".protocol",
+                                       {"decode_tail", "query_agnostic", "query_aware"});
+    n.protocol = p == "query_aware"      ? NiahProtocol::kQueryAware
+                 : p == "query_agnostic" ? NiahProtocol::kQueryAgnostic
+                                         : NiahProtocol::kDecodeTail;
+    if (node["decode_tail_tokens"] && n.protocol != NiahProtocol::kDecodeTail)
+      r.error(node["decode_tail_tokens"], path + ".decode_tail_tokens",
+              "decode_tail_tokens applies to protocol decode_tail only, not ", p);
   }
 }
 

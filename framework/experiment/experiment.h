@@ -21,7 +21,8 @@
 //     niah: {haystack: path | [paths], context_lengths: [int], depths: [0..100], trials: int,
 //            needle: str with {value}, question: str, value_digits: int,
 //            needle_placement: nearest|previous,
-//            max_answer_tokens: int, decode_tail_tokens: int | "question"}
+//            max_answer_tokens: int, decode_tail_tokens: int | "question",
+//            protocol: decode_tail|query_agnostic|query_aware}
 //     perplexity: {text: path | [paths], tokens: int, protocol: streaming|chunked|sliding,
 //                  n_ctx: int (chunked), window: int, stride: int (sliding), checkpoints: [int]}
 // Relative paths are resolved against the current directory, else against the YAML file's
@@ -98,6 +99,7 @@ struct NiahSpec {
   NeedlePlacement needle_placement = NeedlePlacement::kNearest;  // evals/niah.h
   int max_answer_tokens = 12;
   int decode_tail_tokens = -1;  // -1 = the question's tokens
+  NiahProtocol protocol = NiahProtocol::kDecodeTail;  // evals/niah.h
   SourceRef ref;
 };
 

@@ -9,7 +9,11 @@
 
 #include "framework/core/error.h"
 #include "framework/experiment/cells.h"
+#include "framework/experiment/runner.h"
+#include "framework/model/model.h"
 #include "framework/policy/policy.h"
+#include "framework/policy/registry.h"
+#include "policies/builtin.h"
 
 namespace kvlab {
 namespace {
@@ -221,6 +225,44 @@ TEST(Experiment, PolicyTypesAndParamsCheckedAgainstRegistry) {
       << bad_value;
 }
 
+
+// Issue 13: the parameter holes in an experiment file, with the built-in policies: each value
+// is refused by check_policies at its line; a combination (heavy: 64 with the default ratio
+// units) by the model check, at the entry's params line, naming the grid point.
+TEST(Experiment, PolicyParameterHolesNameTheLine) {
+  PolicyRegistry registry = make_builtin_registry();
+  const PolicyLookup lookup{[&](const std::string& t) { return registry.find(t); }, [&] { return registry.names(); }};
+  const std::string head = "model: {path: m.gguf}\nevals: {perplexity: {text: t.txt, tokens: 64}}\npolicies:\n";
+  auto message = [&](const std::string& policy, const std::string& params, bool with_model) {
+    try {
+      const ExperimentSpec spec =
+          parse_experiment_text(head + "  - type: " + policy + "\n    params: " + params + "\n", "p.yaml");
+      check_policies(spec, lookup);
+      if (with_model) {
+        ModelConfig config;
+        config.n_layers = 2, config.n_heads = 4, config.n_kv_heads = 2, config.head_dim = 8, config.max_seq_len = 512;
+        check_experiment_against_model(spec, config, registry);
+      }
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  const std::string int_form = "expects int (decimal digits with an optional sign, at most 2^53 in magnitude";
+  const std::string float_form = "expects float (a finite decimal number";
+  EXPECT_EQ(message("sliding_window", "{window: [0x10, 16]}", false).find(
+                "p.yaml:5:13: policies[0].params.window: policy 'sliding_window' " + int_form), 0u);
+  EXPECT_EQ(message("sliding_window", "{window: 1e3}", false).find("p.yaml:5:13: policies[0].params.window"), 0u);
+  EXPECT_NE(message("sinks", "{recent: 9223372036854775808}", false).find("(past int64)"), std::string::npos);
+  for (const std::string v : {".nan", "nan", ".inf", "-.inf", "inf", "-inf"})
+    EXPECT_EQ(message("h2o", "{heavy: " + v + "}", false).find("p.yaml:5:13: policies[0].params.heavy: policy 'h2o' " + float_form), 0u)
+        << v << ": " << message("h2o", "{heavy: " + v + "}", false);
+  const std::string ratio = message("h2o", "{heavy: [0.1, 64]}", true);
+  EXPECT_EQ(ratio.find("p.yaml:5:13: policies[0].params (run h2o@heavy=64): policy 'h2o': heavy = 64 with units: "
+                       "ratio (the default): a ratio must be in [0, 1]"), 0u) << ratio;
+  EXPECT_EQ(message("h2o", "{heavy: 64, recent: 64, units: tokens}", true), "no error");
+  EXPECT_EQ(message("landmark", "{gqa: per_head, compression_ratio: 0.75}", true), "no error");
+}
 
 // Issue 11: a 5 KB file whose grid lists share one 1000-value list through an alias asked
 // `validate` to expand 10^9 runs. Cells are counted from the list lengths first.

@@ -532,7 +532,9 @@ TEST_F(RunE2e, CellsRecordIdentityEffectiveParametersAndWhatWasRead) {
   EXPECT_GT(std::get<double>(cell.at("keys_seen_mean")), 100.0);
   EXPECT_LE(std::get<double>(cell.at("keys_seen_mean")), 204.0);
   EXPECT_DOUBLE_EQ(std::get<double>(cell.at("kv_read_bytes_per_layer_head")), 33.0 * 2 * 64 * 4);  // head_dim 64, fp32
-  EXPECT_EQ(std::get<std::string>(cell.at("effective_params")), "recent=30, rope_positions=cache, sinks=2");
+  // (every parameter with its value, the budget convention's two included: POLICIES.md 9)
+  EXPECT_EQ(std::get<std::string>(cell.at("effective_params")),
+            "budget_tokens=0, compression_ratio=0, recent=30, rope_positions=cache, sinks=2");
   const AttrMap full = f.cell_attrs("full", "niah_L200_D50");
   EXPECT_DOUBLE_EQ(std::get<double>(full.at("keys_read_mean")), std::get<double>(full.at("keys_seen_mean")));
 }

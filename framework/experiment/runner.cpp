@@ -90,6 +90,49 @@ void add_sequence_attrs(AttrMap& a, const std::vector<SequenceStats>& stats, con
 // The probes per layer, pooled over `stats` (samples-weighted): datasets probe_layers [L],
 // probe_samples_per_layer [L], attention_recall_per_layer [L] and output_rel_error_per_layer [L]
 // (NaN for a layer without samples). Nothing when no sequence was probed.
+// Achieved memory after the prompt (POLICIES.md 9): kv_resident_tokens [trials, n_layers,
+// n_kv_heads] (tokens per layer and KV head right after the prompt-end prefill; bytes =
+// tokens x bytes_per_token_per_head) and kv_kept_fraction (resident / (prompt tokens x layers x
+// KV heads), the mean over trials: the measured 1 - compression ratio). Written only when every
+// trial fed a prompt end.
+void add_resident_datasets(CellRecord& rec, const std::vector<SequenceStats>& stats,
+                           const ModelConfig& config) {
+  const size_t per = size_t(config.n_layers) * config.n_kv_heads;
+  std::vector<int64_t> resident;
+  double fraction = 0;
+  for (const SequenceStats& s : stats) {
+    if (s.resident_at_prompt_end.size() != per || s.tokens_at_prompt_end <= 0) return;
+    int64_t sum = 0;
+    for (int64_t r : s.resident_at_prompt_end) resident.push_back(r), sum += r;
+    fraction += double(sum) / (double(s.tokens_at_prompt_end) * double(per));
+  }
+  if (stats.empty()) return;
+  Dataset d = column(resident);
+  d.shape = {uint64_t(stats.size()), uint64_t(config.n_layers), uint64_t(config.n_kv_heads)};
+  d.attrs["bytes_per_token_per_head"] = int64_t(2) * config.head_dim * int64_t(sizeof(float));
+  rec.datasets["kv_resident_tokens"] = std::move(d);
+  rec.attrs["kv_kept_fraction"] = fraction / double(stats.size());
+}
+
+// needle_kept int8 [trials, n_layers, n_kv_heads, max needle tokens]: 1 where that needle token
+// was resident right after the prompt, 0 where evicted, -1 past a shorter needle. Written only
+// when every trial recorded one.
+void add_needle_kept_dataset(CellRecord& rec, const std::vector<std::vector<int8_t>>& kept,
+                             const std::vector<int64_t>& needle_tokens, size_t trials,
+                             const ModelConfig& config) {
+  if (trials == 0 || kept.size() != trials || needle_tokens.size() != trials) return;
+  const int64_t width = *std::max_element(needle_tokens.begin(), needle_tokens.end());
+  const size_t heads = size_t(config.n_layers) * config.n_kv_heads;
+  std::vector<int8_t> out;
+  for (size_t t = 0; t < trials; ++t)
+    for (size_t lh = 0; lh < heads; ++lh)
+      for (int64_t k = 0; k < width; ++k)
+        out.push_back(k < needle_tokens[t] ? kept[t][lh * size_t(needle_tokens[t]) + size_t(k)] : int8_t(-1));
+  Dataset d = column(out);
+  d.shape = {uint64_t(trials), uint64_t(config.n_layers), uint64_t(config.n_kv_heads), uint64_t(width)};
+  rec.datasets["needle_kept"] = std::move(d);
+}
+
 void add_probe_layer_datasets(std::map<std::string, Dataset>& datasets,
                               const std::vector<SequenceStats>& stats) {
   std::map<int, LayerProbeStats> pooled;
@@ -148,15 +191,38 @@ CellRecord run_niah_cell(const CellSpec& cell, EngineLm& lm, Inputs& in, const M
   AttrMap a;
   lm.reset_counters();
   std::vector<SequenceStats> all_stats;
+  // Which needle tokens each (layer, KV head) holds right after the prompt (the first sequence of
+  // a trial; a teacher-forced replay is not recorded): [trial][layer][kv_head][needle token].
+  std::vector<std::vector<int8_t>> needle_kept;
+  int64_t watch_begin = 0, watch_end = 0;
+  bool watched = false;
+  lm.on_prompt_end = [&](SeqId s) {
+    if (watched) return;
+    watched = true;
+    std::vector<int8_t> kept;
+    for (int l = 0; l < config.n_layers; ++l) {
+      const LayerKv kv = lm.engine().kv().layer(s, l);
+      for (int h = 0; h < config.n_kv_heads; ++h) {
+        std::vector<int8_t> row(size_t(watch_end - watch_begin), 0);
+        for (int slot = 0; slot < kv.n_slots; ++slot) {
+          const int64_t pos = kv.position(slot, h);
+          if (kv.is_valid(slot, h) && pos >= watch_begin && pos < watch_end) row[size_t(pos - watch_begin)] = 1;
+        }
+        kept.insert(kept.end(), row.begin(), row.end());
+      }
+    }
+    needle_kept.push_back(std::move(kept));
+  };
   for (uint64_t seed : in.spec.seeds)
     for (int t = 0; t < n.trials; ++t) {
       const uint64_t ts = trial_seed(seed, length, depth, t);
       const NiahPrompt p = build_niah_prompt(in.tokenizer, *in.haystack, opt, length, depth, ts);
       lm.ended.clear();
+      watch_begin = p.needle_pos, watch_end = p.needle_pos + p.needle_tokens, watched = false;
       NiahScore s;
       std::string st = "ok";
       try {
-        s = run_niah_trial(lm, in.tokenizer, p, n.decode_tail_tokens, n.max_answer_tokens);
+        s = run_niah_trial(lm, in.tokenizer, p, n.decode_tail_tokens, n.max_answer_tokens, n.protocol, ts);
       } catch (const LmStepError& e) {
         st = e.what();
         s.value_logprob = kNaN;
@@ -212,6 +278,9 @@ CellRecord run_niah_cell(const CellSpec& cell, EngineLm& lm, Inputs& in, const M
   rec.attrs["value_logprob_mean"] = logprob_n ? logprob_sum / double(logprob_n) : kNaN;
   add_sequence_attrs(rec.attrs, all_stats, config);
   add_probe_layer_datasets(rec.datasets, all_stats);
+  add_resident_datasets(rec, all_stats, config);
+  lm.on_prompt_end = nullptr;
+  add_needle_kept_dataset(rec, needle_kept, needle_tokens, correct.size(), config);
   add_timing_attrs(rec.attrs, lm);
   return rec;
 }
@@ -369,7 +438,11 @@ std::vector<std::string> check_experiment_against_model(const ExperimentSpec& sp
   if (spec.perplexity.enabled) longest = std::max<int64_t>(longest, spec.perplexity.tokens);
   const bool prefill_only_ppl = spec.perplexity.enabled && spec.perplexity.protocol != PplProtocol::kStreaming;
   for (const RunSpec& run : expand_runs(spec)) {
-    const std::string context = "policies." + run.name + ".params";
+    // A combination of values the policy refuses (each value alone passed check_policies) is
+    // reported at the entry's params line, naming the grid point.
+    const SourceRef& ref = spec.policies[run.entry_index].params_ref;
+    const std::string context = ref.line > 0 ? str_cat(ref.str(), " (run ", run.name, ")")
+                                             : "policies." + run.name + ".params";
     const auto policy = registry.create(run.type, run.params, policy_shape(config), context);
     const auto effective = registry.effective_params(run.type, run.params, policy_shape(config), context);
     bool within = longest > 0;
@@ -438,6 +511,9 @@ std::string cell_identity(const ExperimentSpec& spec, const RunSpec& run,
     line("niah.needle_placement", to_string(n.needle_placement));
     line("niah.max_answer_tokens", n.max_answer_tokens);
     line("niah.decode_tail_tokens", n.decode_tail_tokens);
+    // Written only when not the default, so cells of files from before the protocols keep
+    // their identity (resume, merge).
+    if (n.protocol != NiahProtocol::kDecodeTail) line("niah.protocol", niah_protocol_name(n.protocol));
   } else {
     const PerplexitySpec& p = spec.perplexity;
     line("perplexity.text_sha256", digest(p.text[cell.text_idx]));

@@ -50,7 +50,7 @@ std::optional<ParamValue> coerce(const ParamValue& v, ParamType t) {
 const char* accepted_form(ParamType t) {
   switch (t) {
     case ParamType::kBool: return "true or false";
-    case ParamType::kInt: return "decimal digits with an optional sign, within int64, e.g. 256";
+    case ParamType::kInt: return "decimal digits with an optional sign, at most 2^53 in magnitude, e.g. 256";
     case ParamType::kFloat: return "a finite decimal number, e.g. 0.25 or 1e-3";
     case ParamType::kString: return "text";
   }
@@ -127,11 +127,16 @@ ParamValues validate_params(const std::string& policy_name, const ParamSpecs& sp
       fail(msg, "; valid parameters: ", valid.empty() ? "none" : valid);
     }
     auto coerced = coerce(value, spec->type);
-    if (!coerced)
+    if (!coerced) {
+      // What the value was taken for: a float (1e3, 1.5), or digits past int64 (which
+      // parse_param_text keeps as a float so that a float parameter still takes them).
+      const auto* d = std::get_if<double>(&value);
+      const bool past_int64 = d && std::isfinite(*d) && std::floor(*d) == *d && std::fabs(*d) >= 0x1p63;
       fail(context, ".", key, ": policy '", policy_name, "' expects ", to_string(spec->type), " (",
            accepted_form(spec->type), "), got ", std::holds_alternative<std::string>(value) ? "'" : "",
            to_string(value), std::holds_alternative<std::string>(value) ? "'" : "",
-           std::holds_alternative<double>(value) ? " (a float)" : "");
+           !d ? "" : past_int64 && spec->type == ParamType::kInt ? " (past int64)" : " (a float)");
+    }
     // Ints stay within +-2^53: exact in the double range check below, and far from int64
     // overflow when a policy adds a few of them (sinks + recent + keep).
     constexpr int64_t kMaxInt = int64_t{1} << 53;

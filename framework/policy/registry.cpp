@@ -56,7 +56,14 @@ std::unique_ptr<AttentionPolicy> PolicyRegistry::create(
     const PolicyModelShape& shape, const std::string& context) const {
   const PolicyFactory& f = at(name);
   const ParamValues values = validate_params(f.name(), f.params(), raw, context);
-  auto policy = f.create(values, shape);
+  std::unique_ptr<AttentionPolicy> policy;
+  try {
+    policy = f.create(values, shape);
+  } catch (const Error& e) {
+    // A combination of valid values the policy refuses (units: ratio with heavy: 64, a budget
+    // beside a changed window): one error naming where the parameters came from and the policy.
+    fail(context, ": policy '", f.name(), "': ", e.what());
+  }
   if (!policy) fail("policy '", f.name(), "' returned no policy object");
   return policy;
 }

@@ -22,10 +22,11 @@ using testing::error_of;
 
 const PolicyModelShape kShape{2, 4, 2, 8, 512};
 
-TEST(PolicyRegistry, HoldsTheSixBuiltins) {
+TEST(PolicyRegistry, HoldsTheBuiltins) {
   PolicyRegistry r = make_builtin_registry();
-  EXPECT_EQ(r.names(), (std::vector<std::string>{"full", "h2o", "landmark", "sinks",
-                                                  "sliding_window", "strided"}));
+  EXPECT_EQ(r.names(), (std::vector<std::string>{"adakv", "full", "h2o", "knorm", "landmark",
+                                                  "pyramidkv", "random", "sinks", "sliding_window",
+                                                  "snapkv", "strided", "tova"}));
   for (const auto& n : r.names()) {
     EXPECT_EQ(r.at(n).name(), n);
     EXPECT_FALSE(r.at(n).doc().empty());
@@ -165,8 +166,8 @@ TEST(PolicyPlugin, DescriptorWithBothFormsIsRefused) {
 // A one-policy plugin built for this API version (the example) still loads.
 TEST(PolicyPlugin, OnePolicyPluginLoads) {
   PolicyRegistry r = make_builtin_registry();
-  EXPECT_EQ(r.load_plugin(KVLAB_EXAMPLE_PLUGIN), std::vector<std::string>{"knorm_example"});
-  EXPECT_EQ(r.origin("knorm_example"), KVLAB_EXAMPLE_PLUGIN);
+  EXPECT_EQ(r.load_plugin(KVLAB_EXAMPLE_PLUGIN), std::vector<std::string>{"knorm_plugin"});
+  EXPECT_EQ(r.origin("knorm_plugin"), KVLAB_EXAMPLE_PLUGIN);
 }
 
 // Issue 11: numeric parameters take one spelling each and never reach an integer conversion
@@ -205,10 +206,43 @@ TEST(PolicyParams, NonFiniteFloatsAndNonDecimalIntsAreRefusedNamingTheForm) {
   const std::string big = error_of(
       [&] { r.create("sinks", {{"sinks", int64_t{1} << 60}}, kShape, "policies[2].params"); });
   EXPECT_NE(big.find("policies[2].params.sinks: policy 'sinks' expects an int within +-2^53"), std::string::npos) << big;
-  // Huge but finite budgets saturate instead of overflowing (they keep every token).
-  EXPECT_NE(r.create("h2o", {{"heavy", 1e300}, {"recent", 1e300}}, kShape), nullptr);
+  // Huge but finite token budgets saturate instead of overflowing (they keep every token); as
+  // ratios (the default units) anything above 1 is refused (issue 13, below).
   EXPECT_NE(r.create("h2o", {{"heavy", 1e300}, {"recent", 1e300}, {"units", std::string("tokens")}}, kShape),
             nullptr);
+  EXPECT_NE(error_of([&] { r.create("h2o", {{"heavy", 1e300}, {"recent", 1e300}}, kShape); })
+                .find("a ratio must be in [0, 1]"),
+            std::string::npos);
+}
+
+// Issue 13: `heavy: 64` without `units` was silently a ratio of 6400%. One error naming the
+// policy, the parameter, the accepted range and the fix; 1 (everything) is still a ratio.
+TEST(PolicyParams, RatioAboveOneIsRefusedSuggestingTokens) {
+  PolicyRegistry r = make_builtin_registry();
+  for (const char* key : {"heavy", "recent"}) {
+    const std::string e = error_of([&] { r.create("h2o", {{key, int64_t(64)}}, kShape, "policies[3].params"); });
+    EXPECT_NE(e.find(std::string("policies[3].params: policy 'h2o': ") + key +
+                     " = 64 with units: ratio (the default): a ratio must be in [0, 1]"),
+              std::string::npos) << e;
+    EXPECT_NE(e.find("set units: tokens"), std::string::npos) << e;
+  }
+  EXPECT_NE(r.create("h2o", {{"heavy", 1.0}, {"recent", 1.0}}, kShape), nullptr);
+  EXPECT_NE(r.create("h2o", {{"heavy", int64_t(64)}, {"recent", int64_t(64)}, {"units", std::string("tokens")}}, kShape),
+            nullptr);
+}
+
+// A value past int64 is named as such (not as "a float"); an int within int64 but past 2^53 is
+// refused naming the bound.
+TEST(PolicyParams, PastInt64IsNamed) {
+  PolicyRegistry r = make_builtin_registry();
+  std::string e = error_of([&] {
+    r.create("sinks", {{"recent", parse_param_text("9223372036854775808")}}, kShape, "p");
+  });
+  EXPECT_NE(e.find("p.recent: policy 'sinks' expects int (decimal digits with an optional sign, at most "
+                   "2^53 in magnitude, e.g. 256), got 9.22337e+18 (past int64)"),
+            std::string::npos) << e;
+  e = error_of([&] { r.create("sinks", {{"recent", parse_param_text("1e3")}}, kShape, "p"); });
+  EXPECT_NE(e.find("got 1000 (a float)"), std::string::npos) << e;
 }
 }  // namespace
 }  // namespace kvlab

@@ -5,6 +5,8 @@
 // of the block, holes, explicit selections with empty lists, key mass, rope at read; fully
 // masked rows give zeros and LSE -inf, never NaN.
 #include "kernels/cpu/attention.h"
+#include "kernels/cpu/attention_stats.h"
+#include "kernels/testing/reference_attention.h"
 
 #include <gtest/gtest.h>
 
@@ -415,6 +417,67 @@ TEST(Attention, RejectsOutOfRangeSelection) {
   a.out = out.data();
   for (CpuPath path : paths()) EXPECT_THROW(attention(a, 1, path), std::invalid_argument);
   EXPECT_THROW(attention_naive(a), std::invalid_argument);
+}
+
+// window_attention: per query head, the window rows' probabilities, (1) summed over the group
+// and every row equal to attention_naive's key mass (an independent path through the kernels),
+// (2) per head equal to the fp64 reference row over the same candidates. Tolerance: each value
+// is a sum of <= rows probabilities computed in double and rounded once to float (2^-24
+// relative) then accumulated in float over <= rows * G terms of magnitude <= 1 (both sides), so
+// rows * G * 2^-23 bounds the difference; against the fp64 reference, w * 2^-22.
+TEST(Attention, WindowAttentionIsPerHeadProbability) {
+  std::mt19937 rng(11);
+  for (int trial = 0; trial < 24; ++trial) {
+    const int bs = std::vector<int>{1, 3, 7, 16}[trial % 4];
+    const int Hkv = 1 + trial % 3, G = std::vector<int>{1, 2, 3, 8}[trial % 4];
+    const int H = Hkv * G, D = std::vector<int>{20, 32, 33}[trial % 3];
+    const int n = 5 + int(rng() % 60), rows = 1 + int(rng() % 40);
+    FakeCache cache(bs, Hkv, D, n, trial % 2 ? 0.2 : 0.0, rng);
+    const LayerKv kv = cache.layer();
+    const std::vector<float> q = random_normal(size_t(rows) * H * D, 1.f, rng);
+    std::vector<int64_t> qpos(rows);
+    for (int r = 0; r < rows; ++r) qpos[r] = cache.max_position() - (rows - 1 - r) * 2 + int(rng() % 2);
+    const KeySelection sel = random_selection(rows, Hkv, n, rng);
+    AttentionArgs a = attention_args(q.data(), rows, H, Hkv, D, qpos.data(), kv, 1.f / std::sqrt(float(D)));
+    if (trial % 3 == 0) a.selection = &sel;
+    std::vector<float> out(size_t(rows) * H * D), mass(size_t(Hkv) * n, 0.f);
+    a.out = out.data();
+    a.key_mass = mass.data();
+    attention_naive(a);
+    const double tol = rows * G * std::ldexp(1.0, -23);
+    // (1) every row, group-summed == key mass
+    std::vector<float> win(size_t(H) * n, 0.f);
+    window_attention(a, 0, win.data());
+    for (int g = 0; g < Hkv; ++g)
+      for (int s = 0; s < n; ++s) {
+        double sum = 0;
+        for (int h = g * G; h < (g + 1) * G; ++h) sum += win[size_t(h) * n + s];
+        ASSERT_NEAR(sum, mass[size_t(g) * n + s], tol) << "trial " << trial << " g " << g << " s " << s;
+      }
+    // (2) the last w rows, per head == the reference rows' probabilities
+    const int w = 1 + int(rng() % rows);
+    std::fill(win.begin(), win.end(), 0.f);
+    window_attention(a, rows - w, win.data());
+    std::vector<double> expect(size_t(H) * n, 0.0);
+    for (int r = rows - w; r < rows; ++r)
+      for (int h = 0; h < H; ++h) {
+        const int g = h / G;
+        auto allowed = [&](int64_t s) {
+          if (!kv.is_valid(int(s), g) || kv.position(int(s), g) > qpos[r]) return false;
+          if (a.selection == nullptr) return true;
+          for (const SlotRange& range : sel.list(r, g))
+            if (s >= range.begin && s < range.end) return true;
+          return false;
+        };
+        const testing::ReferenceRow ref = testing::reference_attention_row(
+            q.data() + (size_t(r) * H + h) * D, D, n, 1.0 / std::sqrt(double(D)),
+            [&](int64_t s) { return kv.key(int(s), g); }, [&](int64_t s) { return kv.value(int(s), g); },
+            allowed);
+        for (int s = 0; s < n; ++s) expect[size_t(h) * n + s] += ref.p[s];
+      }
+    for (size_t i = 0; i < expect.size(); ++i)
+      ASSERT_NEAR(win[i], expect[i], w * std::ldexp(1.0, -22)) << "trial " << trial << " i " << i;
+  }
 }
 
 TEST(Attention, CacheRankPositionsSkipHoles) {

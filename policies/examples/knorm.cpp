@@ -1,4 +1,4 @@
-// knorm_example: an out-of-tree eviction policy plugin, built against an installed kvlab (kvlab
+// knorm_plugin: an out-of-tree eviction policy plugin, built against an installed kvlab (kvlab
 // also has a built-in `knorm`, policies/knorm.cpp; the plugin's registry name differs so both load).
 // Keeps the keys with the smallest L2 norm (low-norm keys tend to receive high attention,
 // "A Simple and Effective L2 Norm-Based Strategy for KV Cache Compression", arXiv 2406.11430).
@@ -34,7 +34,7 @@ class KnormFactory final : public kvlab::SimplePolicyFactory {
  public:
   KnormFactory()
       : SimplePolicyFactory(
-            "knorm_example", "keeps the lowest-L2-norm keys + sinks + recent (example plugin)",
+            "knorm_plugin", "keeps the lowest-L2-norm keys + sinks + recent (example plugin)",
             kvlab::scorer_param_specs({.keep_name = "keep", .sinks = 4, .recent = 0.1, .keep = 0.1}),
             [](const kvlab::ParamValues& p, const kvlab::PolicyModelShape&) {
               return std::make_unique<KnormPolicy>(kvlab::ScorerBudget::from_params(p));
@@ -49,4 +49,4 @@ class KnormFactory final : public kvlab::SimplePolicyFactory {
 
 }  // namespace
 
-KVLAB_POLICY_PLUGIN("knorm_example", KnormFactory)
+KVLAB_POLICY_PLUGIN("knorm_plugin", KnormFactory)

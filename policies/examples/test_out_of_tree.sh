@@ -73,7 +73,7 @@ echo "${#headers[@]} installed headers compile on their own"
 
 out=$("$kvlab" policies --instantiate --plugin "$work/build/knorm.so")
 echo "$out"
-grep -q "^knorm_example" <<<"$out" || { echo "knorm_example not listed by kvlab policies" >&2; exit 1; }
+grep -q "^knorm_plugin" <<<"$out" || { echo "knorm_plugin not listed by kvlab policies" >&2; exit 1; }
 grep -q "keep" <<<"$out" || { echo "knorm parameters not listed" >&2; exit 1; }
 # The whole conformance suite on the out-of-tree build.
 "$kvlab" check-policy --plugin "$work/build/knorm.so" || { echo "check-policy failed on knorm.so" >&2; exit 1; }

@@ -1,0 +1,54 @@
+// random: evicts uniformly at random within the budget (kvpress random_press.py): the floor any
+// scoring method must beat. The score of (layer, KV head, position) is a SplitMix64 hash of the
+// sample's seed (LayerStep::seed) and those three, so a seed gives the same choice on every run
+// and machine, and different samples different choices. Compresses at the prompt end by default.
+#include "framework/policy/simple_factory.h"
+#include "policies/budget.h"
+#include "policies/builtin.h"
+#include "policies/scorers.h"
+
+namespace kvlab {
+namespace {
+
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+class RandomScorer final : public KeyScorer {
+ public:
+  void score(const LayerStep& step, const StepStats&, int kv_head,
+             std::span<const ScoredSlot> candidates, std::span<float> scores) override {
+    const uint64_t base = splitmix64(splitmix64(step.seed) ^ (uint64_t(step.layer) << 32 | uint32_t(kv_head)));
+    for (size_t c = 0; c < candidates.size(); ++c)
+      scores[c] = float(splitmix64(base ^ uint64_t(candidates[c].position)) >> 40) * 0x1p-24f;  // [0, 1)
+  }
+};
+
+}  // namespace
+
+ScorerEntry random_scorer() {
+  ScorerEntry e;
+  e.name = "random";
+  e.make = [](const ParamValues&, bool) -> std::unique_ptr<KeyScorer> {
+    return std::make_unique<RandomScorer>();
+  };
+  e.protected_recent = [](const ParamValues&) { return int64_t(0); };
+  return e;
+}
+
+std::unique_ptr<PolicyFactory> make_random_factory() {
+  ParamSpecs specs = budget_param_specs(0.0);
+  specs.push_back(compress_param_spec("prompt_end"));
+  return std::make_unique<SimplePolicyFactory>(
+      "random", "evicts uniformly at random (seeded by the sample) within the budget",
+      std::move(specs),
+      [](const ParamValues& p, const PolicyModelShape&) {
+        return make_uniform_scorer_policy(random_scorer(), p);
+      },
+      std::map<std::string, ParamValue>{{"compression_ratio", 0.0}});
+}
+
+}  // namespace kvlab

@@ -1,0 +1,40 @@
+#include "policies/scorers.h"
+
+#include "framework/core/error.h"
+#include "policies/budget.h"
+
+namespace kvlab {
+
+const std::vector<ScorerEntry>& builtin_scorers() {
+  static const std::vector<ScorerEntry> all = {snapkv_scorer(), tova_scorer(), knorm_scorer(),
+                                               random_scorer()};
+  return all;
+}
+
+const ScorerEntry& find_scorer(const std::string& name) {
+  std::string known;
+  for (const ScorerEntry& e : builtin_scorers()) {
+    if (e.name == name) return e;
+    known += (known.empty() ? "" : ", ") + e.name;
+  }
+  fail("unknown scorer '", name, "' (known: ", known, ")");
+}
+
+ParamSpec compress_param_spec(const std::string& default_value) {
+  return {"compress", ParamType::kString, default_value,
+          "when to compress: once at the prompt end (kvpress's protocol) or after every step",
+          std::nullopt, std::nullopt, {"prompt_end", "every_step"}};
+}
+
+bool compresses_every_step(const ParamValues& p) { return p.get_string("compress") == "every_step"; }
+
+std::unique_ptr<AttentionPolicy> make_uniform_scorer_policy(const ScorerEntry& entry,
+                                                            const ParamValues& p) {
+  const TokenBudget b = TokenBudget::from_params(p);
+  const bool every = compresses_every_step(p);
+  return make_scorer_policy(entry.make(p, every),
+                            uniform_plan(b.compression_ratio, b.budget_tokens, 0,
+                                         entry.protected_recent(p), !every));
+}
+
+}  // namespace kvlab

@@ -1,0 +1,44 @@
+// The built-in KeyScorers (scorer.h), by name, for the policies made of them and for wrappers
+// that take any of them (adakv's `scorer` parameter):
+//   snapkv  observation-window attention, pooled (POLICIES.md 11)     snapkv.cpp
+//   tova    the last query's attention (POLICIES.md 14)               tova.cpp
+//   knorm   -||k||: low-norm keys kept (arXiv 2406.11430)             knorm.cpp
+//   random  a seeded uniform score: the floor every method must beat  random.cpp
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "framework/policy/params.h"
+#include "policies/scorer.h"
+
+namespace kvlab {
+
+struct ScorerEntry {
+  std::string name;
+  ParamSpecs params;  // the scorer's own (budgets and `compress` are the policy's)
+  // every_step: the scorer runs after every step (else at the prompt end only).
+  std::function<std::unique_ptr<KeyScorer>(const ParamValues&, bool every_step)> make;
+  // Most recent tokens the scorer needs kept (SnapKV's observation window), inside the budget.
+  std::function<int64_t(const ParamValues&)> protected_recent;
+};
+
+ScorerEntry snapkv_scorer();
+ScorerEntry tova_scorer();
+ScorerEntry knorm_scorer();
+ScorerEntry random_scorer();
+const std::vector<ScorerEntry>& builtin_scorers();
+const ScorerEntry& find_scorer(const std::string& name);  // Error naming the known ones
+
+// `compress`: prompt_end | every_step, with the given default.
+ParamSpec compress_param_spec(const std::string& default_value);
+bool compresses_every_step(const ParamValues& p);
+
+// A scorer policy of the one budget convention: `entry` with compression_ratio/budget_tokens
+// (budget.h) and `compress`, the entry's protected recent tokens inside the budget.
+std::unique_ptr<AttentionPolicy> make_uniform_scorer_policy(const ScorerEntry& entry,
+                                                            const ParamValues& p);
+
+}  // namespace kvlab

@@ -1,0 +1,85 @@
+// tova (POLICIES.md 14; arXiv 2401.06104; kvpress tova_press.py): a fixed-size cache; whenever it
+// is over budget, the keys with the lowest attention from the current (last) query are dropped.
+// The score is StepStats::window_attention with a one-row window: per query head the last row's
+// softmax probability; under GQA the mean over the KV head's group (`gqa: group`, kvlab choice)
+// or over all the layer's heads (`gqa: layer`, the paper's one selection per layer and kvpress's
+// mean over heads). The current token is always kept (kvpress gives its position the maximum
+// score). By default it evicts after every step (the paper's decode-time form: a prefill chunk is
+// reduced by its last row, as kvpress's prompt-end form); `compress: prompt_end` is kvpress's.
+#include <cmath>
+
+#include "framework/core/error.h"
+#include "framework/policy/simple_factory.h"
+#include "policies/budget.h"
+#include "policies/builtin.h"
+#include "policies/scorers.h"
+
+namespace kvlab {
+namespace {
+
+class TovaScorer final : public KeyScorer {
+ public:
+  TovaScorer(bool whole_layer, bool every_step) : whole_layer_(whole_layer), every_step_(every_step) {}
+
+  PolicyNeeds needs() const override {
+    PolicyNeeds n;
+    n.observation_window = 1;
+    n.observe_every_step = every_step_;
+    return n;
+  }
+
+  void score(const LayerStep& step, const StepStats& stats, int kv_head,
+             std::span<const ScoredSlot> candidates, std::span<float> scores) override {
+    if (stats.window_attention.empty())
+      fail("tova: no last-query attention at this step (PolicyNeeds::observation_window)");
+    const int G = step.shape.n_heads / step.shape.n_kv_heads;
+    const int first = whole_layer_ ? 0 : kv_head * G;
+    const int count = whole_layer_ ? step.shape.n_heads : G;
+    // A head of another KV head attends over ITS slots: under per-head eviction the same slot
+    // may hold another token there, so `layer` reads each head's probability of the same
+    // position (the layer's heads evict alike under `layer`, so their slots agree).
+    for (size_t c = 0; c < candidates.size(); ++c) {
+      double sum = 0;
+      for (int h = first; h < first + count; ++h)
+        sum += stats.window_attention[size_t(h) * stats.n_slots + candidates[c].slot];
+      scores[c] = float(sum / count);
+    }
+  }
+
+ private:
+  bool whole_layer_, every_step_;
+};
+
+ParamSpecs tova_specs() {
+  return {{"gqa", ParamType::kString, std::string("group"),
+           "heads averaged per KV head: its query group, or the whole layer (the paper)",
+           std::nullopt, std::nullopt, {"group", "layer"}}};
+}
+
+}  // namespace
+
+ScorerEntry tova_scorer() {
+  ScorerEntry e;
+  e.name = "tova";
+  e.params = tova_specs();
+  e.make = [](const ParamValues& p, bool every_step) -> std::unique_ptr<KeyScorer> {
+    return std::make_unique<TovaScorer>(p.get_string("gqa") == "layer", every_step);
+  };
+  e.protected_recent = [](const ParamValues&) { return int64_t(1); };
+  return e;
+}
+
+std::unique_ptr<PolicyFactory> make_tova_factory() {
+  ParamSpecs specs = tova_specs();
+  for (ParamSpec& s : budget_param_specs(0.0)) specs.push_back(std::move(s));
+  specs.push_back(compress_param_spec("every_step"));
+  return std::make_unique<SimplePolicyFactory>(
+      "tova", "TOVA: evicts the keys the current query attends to least, after every step",
+      std::move(specs),
+      [](const ParamValues& p, const PolicyModelShape&) {
+        return make_uniform_scorer_policy(tova_scorer(), p);
+      },
+      std::map<std::string, ParamValue>{{"compression_ratio", 0.0}});
+}
+
+}  // namespace kvlab
