@@ -46,12 +46,16 @@ int run_check_policy(const std::vector<std::string>& args) {
     for (const auto& c : vm["check"].as<std::vector<std::string>>()) only.push_back(conformance::check_named(c).name);
 
   for (const std::string& n : names) {
-    const std::string origin = registry.origin(n);
-    const size_t n_configs = registry.at(n).conformance_configs().size();
-    std::printf("policy %s (%s): %zu conformance configuration%s%s\n", n.c_str(), origin.c_str(), n_configs,
-                n_configs == 1 ? "" : "s",
-                n_configs ? "" : " (none supplied: run with its defaults, no flag checked; see "
-                                 "PolicyFactory::conformance_configs)");
+    const std::vector<conformance::Case> own = conformance::cases(registry, {n});
+    int declared = 0, compat = 0;
+    for (const conformance::Case& c : own) (c.declared ? declared : compat)++;
+    std::string from = str_cat(declared, " from its factory");
+    if (compat && !declared && own.size() == 1 && own[0].config.params.empty())
+      from += " (none supplied: run with its defaults, no flag checked; see PolicyFactory::conformance_configs)";
+    else if (compat)
+      from += str_cat(", ", compat, " from the compat table (flags not checked)");
+    std::printf("policy %s (%s): conformance configurations: %s\n", n.c_str(), registry.origin(n).c_str(),
+                from.c_str());
   }
   int passed = 0, failed = 0, skipped = 0;
   auto print = [&](const conformance::Outcome& o) {
