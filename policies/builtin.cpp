@@ -15,6 +15,7 @@ void register_builtin_policies(PolicyRegistry& registry) {
   registry.add(make_tova_factory());
   registry.add(make_knorm_factory());
   registry.add(make_random_factory());
+  registry.add(make_duo_factory());
 }
 
 PolicyRegistry make_builtin_registry() {

@@ -12,6 +12,7 @@
 //   tova            the current query's attention, evicting every step (POLICIES.md 14)
 //   knorm           lowest-L2-norm keys (arXiv 2406.11430)
 //   random          seeded random eviction: the floor
+//   duo             DuoAttention: retrieval heads keep all, streaming heads sinks + recent (16)
 #pragma once
 
 #include <memory>
@@ -33,6 +34,7 @@ std::unique_ptr<PolicyFactory> make_adakv_factory();
 std::unique_ptr<PolicyFactory> make_tova_factory();
 std::unique_ptr<PolicyFactory> make_knorm_factory();
 std::unique_ptr<PolicyFactory> make_random_factory();
+std::unique_ptr<PolicyFactory> make_duo_factory();
 
 // Adds the built-ins to `registry`.
 void register_builtin_policies(PolicyRegistry& registry);

@@ -18,7 +18,8 @@
 // weights), then each policy on a fork of it; step_ms and the hook share of the real step.
 //
 // usage: kvlab_bench_policies [--contexts 4096,16384] [--threads 1,2] [--steps 8] [--warmup 2]
-//                             [--engine 1]
+//                             [--engine 1] [--prompt-end REPS]
+// "--prompt-end REPS" runs only the prompt-end mode (run_prompt_end below).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -88,6 +89,19 @@ std::vector<Case> cases(int64_t n) {
       {"landmark C64 W512 K=(n/4-W)/C", "landmark",
        {{"chunk_size", int64_t(64)}, {"window", int64_t(512)}, {"top_k", std::max<int64_t>(1, (q - 512) / 64)}}},
   };
+}
+
+// Policy API v3 policies for the engine modes (they need the engine's window attention and the
+// prompt end): 75% compressed, as the NIAH grid.
+std::vector<Case> v3_cases(bool decode_time) {
+  const Params r = {{"compression_ratio", 0.75}};
+  if (decode_time)  // what runs during decode: tova's per-step eviction; prompt-end ones are idle
+    return {{"tova 25%", "tova", r}, {"snapkv 25% (idle in decode)", "snapkv", r}};
+  Params ada = r;
+  ada["scorer"] = std::string("snapkv");
+  return {{"full", "full", {}},         {"snapkv 25%", "snapkv", r}, {"pyramidkv 25%", "pyramidkv", r},
+          {"adakv(snapkv) 25%", "adakv", ada}, {"knorm 25%", "knorm", r}, {"random 25%", "random", r},
+          {"tova 25% (every step)", "tova", r}};
 }
 
 std::vector<int64_t> parse_list(const char* s) {
@@ -162,7 +176,9 @@ int run_engine(const std::vector<int64_t>& contexts, const std::vector<int64_t>&
       std::fprintf(stderr, "prefill %lld tokens, %lld threads: %.1f s\n", (long long)ctx,
                    (long long)nthr, ms_since(tp) / 1000);
       double full_ms = 0;
-      for (const Case& c : cases(ctx)) {
+      std::vector<Case> all = cases(ctx);
+      for (const Case& c : v3_cases(true)) all.push_back(c);
+      for (const Case& c : all) {
         double policy_ms = 0;
         auto p = std::make_unique<TimedPolicy>(registry.create(c.policy, c.params, shape), &policy_ms);
         const SeqId s = engine.fork(parent, std::move(p));
@@ -189,6 +205,62 @@ int run_engine(const std::vector<int64_t>& contexts, const std::vector<int64_t>&
   return 0;
 }
 
+
+// "--prompt-end 1": a whole prompt of ctx tokens prefilled through the engine (random 110M
+// weights, chunks of 512) ending with prompt_end, per policy, `reps` times alternating the
+// policies (A B C A B C ...; medians), so the cost of compressing at the prompt end is
+//   hook_ms      the policy's own hooks over the whole prefill (TimedPolicy)
+//   vs_full      prefill time / full's prefill time (hooks + the engine's window attention +
+//                the lengthened last chunk; noisy on a shared machine: read with the medians)
+int run_prompt_end(const std::vector<int64_t>& contexts, const std::vector<int64_t>& threads, int reps) {
+  ModelConfig cfg = config_110m();
+  cfg.max_seq_len = int(*std::max_element(contexts.begin(), contexts.end()) + 64);
+  std::fprintf(stderr, "building random 110M model (max_seq_len %d)...\n", cfg.max_seq_len);
+  auto model = make_random_model(cfg, DType::kF32, 7);
+  const PolicyRegistry registry = make_builtin_registry();
+  const PolicyModelShape shape = policy_shape(cfg);
+  std::printf("\nprompt-end mode (median of %d alternating prefills)\n%-26s %6s %3s %11s %8s %9s %10s %9s\n",
+              reps, "policy", "ctx", "thr", "prefill_ms", "vs_full", "hook_ms", "hook_frac", "kept_frac");
+  for (int64_t nthr : threads) {
+    EngineOptions eo;
+    eo.threads = int(nthr);
+    eo.prefill_chunk_tokens = 512;
+    Engine engine(*model, eo);
+    std::vector<float> logits;
+    for (int64_t ctx : contexts) {
+      std::vector<int32_t> prompt(ctx);
+      for (int64_t i = 0; i < ctx; ++i) prompt[i] = int32_t((i * 31 + 7) % cfg.vocab_size);
+      const std::vector<Case> cs = v3_cases(false);
+      std::vector<std::vector<double>> prefill(cs.size()), hooks(cs.size());
+      std::vector<double> kept(cs.size());
+      for (int rep = 0; rep < reps; ++rep)
+        for (size_t i = 0; i < cs.size(); ++i) {
+          double hook_ms = 0;
+          auto p = std::make_unique<TimedPolicy>(registry.create(cs[i].policy, cs[i].params, shape), &hook_ms);
+          const SeqId s = engine.start_sequence(std::move(p));
+          const auto t0 = Clock::now();
+          if (engine.prefill(s, prompt, logits, false, true) != StepStatus::kOk) {
+            std::fprintf(stderr, "prefill failed\n");
+            return 1;
+          }
+          prefill[i].push_back(ms_since(t0));
+          hooks[i].push_back(hook_ms);
+          const SequenceStats st = engine.sequence_stats(s);
+          double sum = 0;
+          for (int64_t r : st.resident_at_prompt_end) sum += double(r);
+          kept[i] = sum / (double(ctx) * double(st.resident_at_prompt_end.size()));
+          engine.end_sequence(s);
+        }
+      const double full = median(prefill[0]);
+      for (size_t i = 0; i < cs.size(); ++i)
+        std::printf("%-26s %6lld %3lld %11.1f %8.3f %9.2f %10.4f %9.3f\n", cs[i].label.c_str(),
+                    (long long)ctx, (long long)nthr, median(prefill[i]), median(prefill[i]) / full,
+                    median(hooks[i]), median(hooks[i]) / median(prefill[i]), kept[i]);
+      std::fflush(stdout);
+    }
+  }
+  return 0;
+}
 
 // The attention part of decode steps over a KvStore, as the engine's attend() runs it.
 struct LayerResult {
@@ -324,6 +396,7 @@ int run(int argc, char** argv) {
   std::vector<int64_t> contexts = {4096, 16384}, threads = {1, 2};
   int steps = 8, warmup = 2;
   bool engine = false;
+  int prompt_end = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
     if (a == "--contexts") contexts = parse_list(argv[i + 1]);
@@ -331,8 +404,10 @@ int run(int argc, char** argv) {
     else if (a == "--steps") steps = std::atoi(argv[i + 1]);
     else if (a == "--warmup") warmup = std::atoi(argv[i + 1]);
     else if (a == "--engine") engine = std::atoi(argv[i + 1]) != 0;
+    else if (a == "--prompt-end") prompt_end = std::atoi(argv[i + 1]);
     else { std::fprintf(stderr, "unknown option %s\n", a.c_str()); return 2; }
   }
+  if (prompt_end > 0) return run_prompt_end(contexts, threads, prompt_end);
   int rc = run_layers(contexts, threads, steps, warmup);
   if (rc == 0 && engine) rc = run_engine(contexts, threads, steps, warmup);
   return rc;

@@ -1,12 +1,16 @@
 #include "policies/policy_testing.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <limits>
 
 #include "framework/core/error.h"
 #include "kernels/testing/reference_attention.h"
 #include "policies/builtin.h"
+#include "policies/duo_heads.h"
 
 namespace kvlab::testing {
 
@@ -133,6 +137,19 @@ std::string check_selection(const KeySelection& sel, const LayerStep& step) {
   return "";
 }
 
+const std::string& duo_test_head_file() {
+  static const std::string path = [] {
+    const std::string p = (std::filesystem::temp_directory_path() /
+                           ("kvlab_duo_test_heads_" + std::to_string(::getpid()) + ".tsv")).string();
+    // (layer 1, KV head 1) first, then (0, 1): retrieval_fraction 0.25 makes layer 0 all
+    // streaming and layer 1 mixed; 0.5 mixes both layers.
+    HeadScores h{2, 2, {0.125, 0.5, 0.25, 1.0}};
+    write_head_file(p, h, {"test head file of policies/policy_testing.cpp (2 layers x 2 KV heads)"});
+    return p;
+  }();
+  return path;
+}
+
 namespace {
 using P = std::map<std::string, ParamValue>;  // the table's spelling
 }  // namespace
@@ -142,6 +159,7 @@ std::vector<PolicyConfig> acting_policy_configs(const std::vector<std::string>& 
   // example plugin's acting parameters moved into their factories (conformance_configs()); put
   // new ones there too, keeping here only what a factory cannot state (e.g. a path made at test
   // time).
+  const std::string duo_heads = duo_test_head_file();
   std::vector<PolicyConfig> out = {
       // Prompt-end policies compress at the conformance schedules' first chunk (prompt_end);
       // every_step variants compress from the start.
@@ -165,6 +183,11 @@ std::vector<PolicyConfig> acting_policy_configs(const std::vector<std::string>& 
       {"sinks", P{{"sinks", int64_t(4)}, {"budget_tokens", int64_t(12)}}},
       {"landmark", P{{"chunk_size", int64_t(4)}, {"window", int64_t(6)}, {"compression_ratio", 0.5},
                      {"gqa", std::string("per_head")}, {"prefill", std::string("select")}}},
+      {"duo", P{{"heads", duo_heads}, {"retrieval_fraction", 0.25}, {"sinks", int64_t(2)}, {"recent", int64_t(8)}}},
+      {"duo", P{{"heads", duo_heads}, {"retrieval_fraction", 0.5}, {"sinks", int64_t(3)}, {"recent", int64_t(5)}}},
+      {"duo", P{{"retrieval_fraction", 0.0}, {"sinks", int64_t(2)}, {"recent", int64_t(6)}}},
+      {"duo", P{{"heads", duo_heads}, {"retrieval_fraction", 0.25}, {"sinks", int64_t(2)},
+                {"compression_ratio", 0.5}}},
   };
   std::erase_if(out, [&](const PolicyConfig& c) {
     return std::find(registered.begin(), registered.end(), c.policy) == registered.end();

@@ -120,6 +120,10 @@ struct PolicyConfig {
 // each factory's own PolicyFactory::conformance_configs(), with no flag asserted (mask checked
 // when claimed; sinks from the factory's own configurations, else a parameter named "sinks").
 std::vector<PolicyConfig> acting_policy_configs(const std::vector<std::string>& registered);
+// A `duo` head file for the suites' shape (2 layers x 2 KV heads), written once per process
+// into the temporary directory; scores (layer, kv_head): (0,0) 0.125, (0,1) 0.5, (1,0) 0.25,
+// (1,1) 1.
+const std::string& duo_test_head_file();
 std::string describe(const PolicyConfig& c);  // "policy{key=value ...}"
 
 // max |a - b|; infinity for a size mismatch or any NaN.

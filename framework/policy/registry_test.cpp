@@ -24,7 +24,7 @@ const PolicyModelShape kShape{2, 4, 2, 8, 512};
 
 TEST(PolicyRegistry, HoldsTheBuiltins) {
   PolicyRegistry r = make_builtin_registry();
-  EXPECT_EQ(r.names(), (std::vector<std::string>{"adakv", "full", "h2o", "knorm", "landmark",
+  EXPECT_EQ(r.names(), (std::vector<std::string>{"adakv", "duo", "full", "h2o", "knorm", "landmark",
                                                   "pyramidkv", "random", "sinks", "sliding_window",
                                                   "snapkv", "strided", "tova"}));
   for (const auto& n : r.names()) {
