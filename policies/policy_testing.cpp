@@ -159,7 +159,9 @@ std::vector<PolicyConfig> acting_policy_configs(const std::vector<std::string>& 
   // example plugin's acting parameters moved into their factories (conformance_configs()); put
   // new ones there too, keeping here only what a factory cannot state (e.g. a path made at test
   // time).
-  const std::string duo_heads = duo_test_head_file();
+  // The head file only when duo is asked for (kvlab check-policy calls this too).
+  const bool duo = std::find(registered.begin(), registered.end(), "duo") != registered.end();
+  const std::string duo_heads = duo ? duo_test_head_file() : std::string();
   std::vector<PolicyConfig> out = {
       // Prompt-end policies compress at the conformance schedules' first chunk (prompt_end);
       // every_step variants compress from the start.
