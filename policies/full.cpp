@@ -20,7 +20,7 @@ std::unique_ptr<PolicyFactory> make_full_factory() {
   return std::make_unique<SimplePolicyFactory>(
       "full", "exact attention over every cached key (tiled online softmax)", ParamSpecs{},
       [](const ParamValues&, const PolicyModelShape&) { return std::make_unique<FullPolicy>(); },
-      std::map<std::string, ParamValue>{});
+      std::map<std::string, ParamValue>{}, SimplePolicyFactory::Conformance{{.mask_based = true}});
 }
 
 }  // namespace kvlab

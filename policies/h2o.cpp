@@ -123,7 +123,11 @@ std::unique_ptr<PolicyFactory> make_h2o_factory() {
         };
         return std::make_unique<H2oPolicy>(std::move(plan));
       },
-      std::map<std::string, ParamValue>{{"heavy", 1.0}, {"recent", 0.0}});
+      std::map<std::string, ParamValue>{{"heavy", 1.0}, {"recent", 0.0}},
+      SimplePolicyFactory::Conformance{  // conformance suite: acting parameter sets
+          {.params = {{"heavy", 0.2}, {"recent", 0.1}}, .evicts = true, .sinks_param = "sinks"},
+          {.params = {{"units", std::string("tokens")}, {"heavy", 8.0}, {"recent", 4.0}, {"sinks", int64_t(2)}},
+           .evicts = true, .sinks_param = "sinks"}});
 }
 
 }  // namespace kvlab

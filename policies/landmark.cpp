@@ -400,6 +400,15 @@ std::unique_ptr<PolicyFactory> make_landmark_factory() {
         return std::make_unique<LandmarkPolicy>(c);
       },
       std::map<std::string, ParamValue>{{"top_k", int64_t(1) << 40}, {"prefill", std::string("select")}},
+      SimplePolicyFactory::Conformance{  // conformance suite: acting parameter sets (selects, never evicts)
+          {.params = {{"chunk_size", int64_t(8)}, {"top_k", int64_t(2)}, {"window", int64_t(12)}}},
+          {.params = {{"chunk_size", int64_t(4)}, {"top_k", int64_t(3)}, {"window", int64_t(6)},
+                      {"landmark", std::string("bounds")}, {"prefill", std::string("select")}}},
+          {.params = {{"chunk_size", int64_t(4)}, {"top_k", int64_t(3)}, {"window", int64_t(6)},
+                      {"landmark", std::string("bounds")}, {"gqa", std::string("max")}, {"prefill", std::string("select")}}},
+          {.params = {{"chunk_size", int64_t(8)}, {"top_k", int64_t(2)}, {"window", int64_t(9)},
+                      {"landmark", std::string("mean")}, {"gqa", std::string("sum")}, {"local", std::string("exact")},
+                      {"prefill", std::string("select")}}}},
       [](const ParamValues& p, const PolicyModelShape& shape) {
         const ResolvedSizes z = resolve_sizes(p, shape);
         std::map<std::string, ParamValue> out = p.all();

@@ -120,13 +120,15 @@ std::string check_prefill_mask(const PolicyNeeds& needs, const KeySelection& sel
 // conformance suites run every registered policy, the example plugin included).
 PolicyRegistry& builtins_and_plugin(const std::string& plugin_path);
 
-// A policy and raw parameters for the conformance suites: settings under which each built-in
-// policy (and the example plugin, knorm) evicts or selects within a few dozen tokens, `full`
-// first, then every other name of `registered` with its defaults.
+// A policy and raw parameters.
 struct PolicyConfig {
   std::string policy;
   std::map<std::string, ParamValue> params;
 };
+// COMPAT (policy API < 4), extra conformance cases: acting parameters kept in one central table
+// (restricted to `registered`), run by the conformance suite (policies/conformance.h) besides
+// each factory's own PolicyFactory::conformance_configs(), with no flag asserted (mask checked
+// when claimed; sinks from the factory's own configurations, else a parameter named "sinks").
 std::vector<PolicyConfig> acting_policy_configs(const std::vector<std::string>& registered);
 // A `duo` head file for the suites' shape (2 layers x 2 KV heads), written once per process
 // into the temporary directory; scores (layer, kv_head): (0,0) 0.125, (0,1) 0.5, (1,0) 0.25,

@@ -125,7 +125,11 @@ std::unique_ptr<PolicyFactory> make_sinks_factory() {
         return std::make_unique<SinksPolicy>(sinks, p.get_int("recent"),
                                              p.get_string("rope_positions") == "cache", budget);
       },
-      std::map<std::string, ParamValue>{{"recent", int64_t(1) << 40}});
+      std::map<std::string, ParamValue>{{"recent", int64_t(1) << 40}},
+      SimplePolicyFactory::Conformance{  // conformance suite: acting parameter sets
+          {.params = {{"sinks", int64_t(4)}, {"recent", int64_t(10)}}, .evicts = true, .sinks_param = "sinks"},
+          {.params = {{"sinks", int64_t(2)}, {"recent", int64_t(7)}, {"rope_positions", std::string("original")}},
+           .evicts = true, .mask_based = true, .sinks_param = "sinks"}});
 }
 
 }  // namespace kvlab

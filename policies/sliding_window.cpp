@@ -116,7 +116,11 @@ std::unique_ptr<PolicyFactory> make_sliding_window_factory() {
         return std::make_unique<SlidingWindowPolicy>(p.get_int("window"), p.get_bool("plus_one"),
                                                      p.get_string("mode") == "evict", budget);
       },
-      std::map<std::string, ParamValue>{{"window", int64_t(1) << 40}});
+      std::map<std::string, ParamValue>{{"window", int64_t(1) << 40}},
+      SimplePolicyFactory::Conformance{  // conformance suite: acting parameter sets
+          {.params = {{"window", int64_t(9)}}, .evicts = true, .mask_based = true},
+          {.params = {{"window", int64_t(9)}, {"plus_one", true}}, .evicts = true, .mask_based = true},
+          {.params = {{"window", int64_t(9)}, {"mode", std::string("mask")}}, .mask_based = true}});
 }
 
 }  // namespace kvlab

@@ -146,7 +146,16 @@ std::unique_ptr<PolicyFactory> make_strided_factory() {
         if (c.evict && !c.fixed) fail("strided: evict=true needs pattern=fixed (strided keeps every key reachable)");
         return std::make_unique<StridedPolicy>(c);
       },
-      std::map<std::string, ParamValue>{{"stride", int64_t(1)}});
+      std::map<std::string, ParamValue>{{"stride", int64_t(1)}},
+      SimplePolicyFactory::Conformance{  // conformance suite: acting parameter sets
+          {.params = {{"stride", int64_t(6)}}, .mask_based = true},
+          {.params = {{"stride", int64_t(5)}, {"global", int64_t(2)}, {"combine", std::string("alternate_head")}},
+           .mask_based = true},
+          {.params = {{"pattern", std::string("fixed")}, {"stride", int64_t(8)}, {"summary", int64_t(2)}},
+           .mask_based = true},
+          {.params = {{"pattern", std::string("fixed")}, {"stride", int64_t(8)}, {"summary", int64_t(3)},
+                      {"global", int64_t(1)}, {"evict", true}, {"combine", std::string("alternate_layer")}},
+           .evicts = true, .mask_based = true}});
 }
 
 }  // namespace kvlab

@@ -26,6 +26,7 @@ int run_generate(const std::vector<std::string>& args);
 int run_perplexity(const std::vector<std::string>& args);
 int run_models(const std::vector<std::string>& args);
 int run_calibrate_heads(const std::vector<std::string>& args);
+int run_check_policy(const std::vector<std::string>& args);
 }  // namespace kvlab::cli
 
 namespace {
@@ -45,6 +46,7 @@ constexpr Command kCommands[] = {
     {"generate", "stream a continuation of a prompt (sampling, --policy)", &kvlab::cli::run_generate},
     {"perplexity", "perplexity of a text file (--protocol chunked: llama.cpp windows; streaming; sliding)", &kvlab::cli::run_perplexity},
     {"calibrate-heads", "retrieval score per layer and KV head from NIAH trials: the duo policy's head file", &kvlab::cli::run_calibrate_heads},
+    {"check-policy", "run the policy conformance suite on a --plugin FILE.so (simulator and engine)", &kvlab::cli::run_check_policy},
 };
 
 void print_usage(std::FILE* out) {

@@ -181,9 +181,24 @@ class AttentionPolicy {
   virtual std::optional<ClaimedMask> claimed_mask() const { return std::nullopt; }
 };
 
-// What the registry holds: a named, documented maker of per-sequence policies.
+// What the registry holds: a named, documented maker of per-sequence policies. It also says how
+// the conformance suite (policies/conformance.h, `kvlab check-policy`) exercises its policies, so
+// a plugin extends the suite with its own acting parameters exactly as a built-in does.
 class PolicyFactory {
  public:
+  // One parameter set under which the policy acts (evicts or selects) within the suite's few
+  // dozen tokens, and what the suite then asserts beyond its common checks.
+  struct ConformanceConfig {
+    std::map<std::string, ParamValue> params = {};  // raw, validated like a run's
+    // The policy drops tokens: the suite requires resident < seen tokens by the end of its run.
+    bool evicts = false;
+    // claimed_mask() is set: the suite requires it and compares the outputs with dense
+    // attention under that mask; unset, it requires claimed_mask() to be empty.
+    bool mask_based = false;
+    // The parameter counting the first positions that stay resident (the suite checks they do);
+    // "" = none (e.g. landmark's sinks are only read, not protected from eviction).
+    std::string sinks_param = "";
+  };
   virtual ~PolicyFactory() = default;
   virtual std::string name() const = 0;
   virtual std::string doc() const = 0;          // one line
@@ -205,6 +220,9 @@ class PolicyFactory {
     (void)shape;
     return params.all();
   }
+  // The parameter sets the conformance suite runs (besides unlimited_params()). Empty: the suite
+  // runs the defaults and asserts no flag (a compat path for factories written before API v4).
+  virtual std::vector<ConformanceConfig> conformance_configs() const { return {}; }
 };
 
 }  // namespace kvlab

@@ -75,7 +75,7 @@ std::map<std::string, ParamValue> PolicyRegistry::effective_params(
   return f.effective_params(validate_params(f.name(), f.params(), raw, context), shape);
 }
 
-std::string PolicyRegistry::load_plugin(const std::filesystem::path& path) {
+std::vector<std::string> PolicyRegistry::load_plugin(const std::filesystem::path& path) {
   const std::string file = path.string();
   // RTLD_NODELETE: policies made by the plugin may outlive this registry (never unloaded).
   void* handle = dlopen(file.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
@@ -94,25 +94,52 @@ std::string PolicyRegistry::load_plugin(const std::filesystem::path& path) {
   using EntryFn = const KvlabPolicyPlugin* (*)();
   const KvlabPolicyPlugin* plugin = reinterpret_cast<EntryFn>(sym)();
   if (!plugin) fail(file, ": ", kKvlabPolicyPluginSymbol, "() returned null");
+  // api_version first: the rest of the descriptor is only read once the layouts agree.
   if (plugin->api_version != kKvlabPolicyApiVersion)
     fail(file, ": policy plugin API version ", plugin->api_version, " (symbol ",
          kKvlabPolicyPluginSymbol, ") does not match this kvlab's API version ",
          kKvlabPolicyApiVersion, "; rebuild the plugin against this kvlab");
-  if (!plugin->name || !plugin->create_factory)
-    fail(file, ": ", kKvlabPolicyPluginSymbol, "() returned a descriptor without name or factory");
-  std::unique_ptr<PolicyFactory> factory;
-  try {
-    factory.reset(plugin->create_factory());
-  } catch (const std::exception& e) {
-    fail(file, ": plugin '", plugin->name, "' failed to create its factory: ", e.what());
+  const bool one = plugin->name || plugin->create_factory;
+  const bool list = plugin->n_policies || plugin->policies;
+  if (one == list)
+    fail(file, ": ", kKvlabPolicyPluginSymbol, "() returned a descriptor with ",
+         one ? "both one policy (name, create_factory) and a list (n_policies, policies)"
+             : "no policy (neither name + create_factory nor n_policies + policies)");
+  if (list && (!plugin->policies || !plugin->n_policies))
+    fail(file, ": ", kKvlabPolicyPluginSymbol, "() returned a descriptor with n_policies ",
+         plugin->n_policies, " and ", plugin->policies ? "a" : "no", " policies list");
+  std::vector<KvlabPolicyPluginEntry> wanted;
+  if (one) wanted.push_back({plugin->name, plugin->create_factory});
+  else wanted.assign(plugin->policies, plugin->policies + plugin->n_policies);
+  // Create and check every factory before registering any, so a failing plugin adds nothing.
+  std::vector<std::unique_ptr<PolicyFactory>> factories;
+  for (size_t i = 0; i < wanted.size(); ++i) {
+    const KvlabPolicyPluginEntry& e = wanted[i];
+    const std::string which = one ? std::string("its descriptor") : str_cat("policies[", i, "]");
+    if (!e.name || !e.create_factory)
+      fail(file, ": ", kKvlabPolicyPluginSymbol, "() returned a descriptor whose ", which,
+           " has no name or no factory");
+    std::unique_ptr<PolicyFactory> factory;
+    try {
+      factory.reset(e.create_factory());
+    } catch (const std::exception& ex) {
+      fail(file, ": plugin '", e.name, "' failed to create its factory: ", ex.what());
+    }
+    if (!factory) fail(file, ": plugin '", e.name, "' returned no factory");
+    if (factory->name() != e.name)
+      fail(file, ": plugin descriptor names '", e.name, "' but its factory names '", factory->name(), "'");
+    if (auto it = entries_.find(factory->name()); it != entries_.end())
+      fail("policy '", factory->name(), "' from ", file, " is already registered (from ", it->second.origin, ")");
+    for (const auto& f : factories)
+      if (f->name() == factory->name()) fail(file, ": plugin lists policy '", f->name(), "' twice");
+    factories.push_back(std::move(factory));
   }
-  if (!factory) fail(file, ": plugin '", plugin->name, "' returned no factory");
-  if (factory->name() != plugin->name)
-    fail(file, ": plugin descriptor names '", plugin->name, "' but its factory names '",
-         factory->name(), "'");
-  std::string name = factory->name();
-  add_entry(std::move(factory), file);
-  return name;
+  std::vector<std::string> names;
+  for (auto& f : factories) {
+    names.push_back(f->name());
+    add_entry(std::move(f), file);
+  }
+  return names;
 }
 
 }  // namespace kvlab

@@ -13,7 +13,8 @@
 //                        naming the policy and `context.key`), fills defaults, makes a policy.
 //   effective_params(name, raw, shape, context)
 //                        the same validation; the parameters that policy really runs with.
-//   load_plugin(path)    dlopen + entry point + version check + add; returns the policy name.
+//   load_plugin(path)    dlopen + entry point + version check + add every policy of the plugin
+//                        (all or none); returns their names.
 #pragma once
 
 #include <filesystem>
@@ -55,7 +56,8 @@ class PolicyRegistry {
                                                      const PolicyModelShape& shape,
                                                      const std::string& context = "params") const;
 
-  std::string load_plugin(const std::filesystem::path& path);
+  // Returns the names of the policies the plugin registered (one or several; all or none).
+  std::vector<std::string> load_plugin(const std::filesystem::path& path);
 
  private:
   struct Entry {

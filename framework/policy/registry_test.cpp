@@ -12,6 +12,7 @@
 #include "framework/core/error.h"
 #include "framework/core/error_testing.h"
 #include "framework/policy/plugin.h"
+#include "framework/policy/simple_factory.h"
 #include "policies/builtin.h"
 
 namespace kvlab {
@@ -124,6 +125,50 @@ TEST(PolicyPlugin, VersionMismatchNamesBothVersions) {
   EXPECT_TRUE(r.names().empty());
 }
 
+// API v4: one library, several policies; registered all together under the file's name.
+TEST(PolicyPlugin, SeveralPoliciesFromOneLibrary) {
+  PolicyRegistry r = make_builtin_registry();
+  EXPECT_EQ(r.load_plugin(KVLAB_TEST_PLUGIN_PAIR), (std::vector<std::string>{"over_budget", "unseeded"}));
+  for (const char* n : {"over_budget", "unseeded"}) {
+    EXPECT_EQ(r.origin(n), KVLAB_TEST_PLUGIN_PAIR);
+    EXPECT_EQ(r.at(n).name(), n);
+    EXPECT_NE(r.create(n, {}, kShape), nullptr);
+    EXPECT_EQ(r.at(n).conformance_configs().size(), 1u) << n;
+  }
+  // Loading it again: the error names the policy and both origins.
+  const std::string e = error_of([&] { r.load_plugin(KVLAB_TEST_PLUGIN_PAIR); });
+  EXPECT_NE(e.find("'over_budget'"), std::string::npos) << e;
+  EXPECT_NE(e.find("already registered"), std::string::npos) << e;
+  EXPECT_NE(e.find(KVLAB_TEST_PLUGIN_PAIR), std::string::npos) << e;
+}
+
+// A plugin whose second policy clashes registers nothing (all or none).
+TEST(PolicyPlugin, SeveralPoliciesAllOrNone) {
+  PolicyRegistry r;
+  r.add(std::make_unique<SimplePolicyFactory>(
+      "unseeded", "a clash", ParamSpecs{},
+      [](const ParamValues&, const PolicyModelShape&) -> std::unique_ptr<AttentionPolicy> { return nullptr; }));
+  const std::string e = error_of([&] { r.load_plugin(KVLAB_TEST_PLUGIN_PAIR); });
+  EXPECT_NE(e.find("'unseeded'"), std::string::npos) << e;
+  EXPECT_EQ(r.names(), std::vector<std::string>{"unseeded"});
+  EXPECT_EQ(r.find("over_budget"), nullptr);
+}
+
+// A descriptor with both forms (one policy and a list) is refused, naming the file.
+TEST(PolicyPlugin, DescriptorWithBothFormsIsRefused) {
+  PolicyRegistry r;
+  const std::string e = error_of([&] { r.load_plugin(KVLAB_TEST_PLUGIN_BADDESC); });
+  EXPECT_NE(e.find(KVLAB_TEST_PLUGIN_BADDESC), std::string::npos) << e;
+  EXPECT_NE(e.find("both one policy"), std::string::npos) << e;
+  EXPECT_TRUE(r.names().empty());
+}
+
+// A one-policy plugin built for this API version (the example) still loads.
+TEST(PolicyPlugin, OnePolicyPluginLoads) {
+  PolicyRegistry r = make_builtin_registry();
+  EXPECT_EQ(r.load_plugin(KVLAB_EXAMPLE_PLUGIN), std::vector<std::string>{"knorm_plugin"});
+  EXPECT_EQ(r.origin("knorm_plugin"), KVLAB_EXAMPLE_PLUGIN);
+}
 
 // Issue 11: numeric parameters take one spelling each and never reach an integer conversion
 // with NaN, infinity or a value past int64.

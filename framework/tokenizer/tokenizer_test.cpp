@@ -590,6 +590,33 @@ TEST(TokenizerLimits, HugeAddedTokenIdIsRefusedBeforeAllocating) {
   EXPECT_EQ(load_tokenizer(gap)->vocab_size(), 301);
 }
 
+// Issue 11, fuzz_spm_model's finding (fuzz/README.md): a model proto holding the piece "\0" made
+// libsentencepiece's trie throw a std::exception that escaped as std::terminate; now one
+// kvlab::Error naming the file. The fuzzer's input, byte for byte:
+TEST(TokenizerLimits, SentencePieceLibraryExceptionBecomesAnErrorNamingTheFile) {
+  static const char kInput[] =
+      "\x0a\x0e\x0a\x05\x3c\x75\x6e\x6b\x3e\x15\x00\x00\x00\x00\x18\x02\x0a\x0c\x0a\x03\x3c\x73\x3f\x15"
+      "\x00\x00\x00\x00\x18\x03\x0a\x0d\x0a\x04\x3c\x2b\x73\x3e\x15\x00\x00\x00\x00\x18\x03\x0a\x0c\x0a"
+      "\x03\xe2\x96\xc1\x15\x00\x00\x80\xbf\x18\x01\x0a\x0a\x0a\x01\x61\x15\x00\x00\x00\xc0\x18\x01\x0a"
+      "\x0a\x0a\x01\x00\x15\xc0\x62\x40\x00\x18\x01\x0a\x0d\x0a\x04\xe2\x96\x81\x61\x15\x00\x00\x80\xc0"
+      "\x18\x01\x0a\x0b\x0a\x02\x61\x0e\x0a\x05\x3c\x75\xc0\x18\x01\x0a\x0e\x0a\x05\xe2\x96\x81\x61\x62"
+      "\x15\x00\x00\xc0\xc0\x18\x01\x0a\x0f\x0a\x06\x3c\x75\x73\x65\x72\x3e\x15\x00\x00\x00\x00\x18\x04"
+      "\x12\x0e\x18\x01\x98\x02\x00\xc0\x02\x00\xc8\x02\x01\xd0\x02\x02\x1a\x10\x0a\x08\x69\x64\x65\x6e"
+      "\x74\x69\x74\x79\x18\x01\x20\x00\x28\x01";
+  const fs::path dir = temp_dir();
+  const fs::path model = dir / "tokenizer.model";
+  write_file(model, std::string(kInput, sizeof(kInput) - 1));
+  expect_error([&] { load_tokenizer(model); }, model, "sentencepiece rejected the model");
+  // The same through a vocabulary built by kvlab (the GGUF and llama2.c path): a unigram model
+  // (the input's model type; BPE builds no such trie) with a piece "\0".
+  SpmVocab v = tiny_spm_vocab();
+  v.model_type = SpmModelType::kUnigram;
+  v.pieces.push_back(std::string(1, '\0'));
+  v.scores.push_back(-1.f);
+  v.types.push_back(SpmPieceType::kNormal);
+  expect_error([&] { sentencepiece_from_vocab(v, "vocab.gguf", true); }, "vocab.gguf", "sentencepiece rejected the model");
+}
+
 // --- the round-trip contract of tokenizer.h, condition by condition ----------------------------
 
 // `v` without byte pieces and with byte_fallback off (SentencePiece refuses byte pieces then).

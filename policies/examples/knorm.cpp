@@ -1,4 +1,5 @@
-// knorm: an out-of-tree eviction policy plugin, built against an installed kvlab.
+// knorm_plugin: an out-of-tree eviction policy plugin, built against an installed kvlab (kvlab
+// also has a built-in `knorm`, policies/knorm.cpp; the plugin's registry name differs so both load).
 // Keeps the keys with the smallest L2 norm (low-norm keys tend to receive high attention,
 // "A Simple and Effective L2 Norm-Based Strategy for KV Cache Compression", arXiv 2406.11430).
 // Budget, sinks, recent window and top-k come from kvlab's ScorerPolicy; this file only scores.
@@ -38,7 +39,12 @@ class KnormFactory final : public kvlab::SimplePolicyFactory {
             [](const kvlab::ParamValues& p, const kvlab::PolicyModelShape&) {
               return std::make_unique<KnormPolicy>(kvlab::ScorerBudget::from_params(p));
             },
-            std::map<std::string, kvlab::ParamValue>{{"keep", 1.0}}) {}
+            std::map<std::string, kvlab::ParamValue>{{"keep", 1.0}},
+            // The conformance suite's acting parameters (`kvlab check-policy --plugin knorm.so`):
+            // it evicts within a few dozen tokens, and its 2 sinks stay resident.
+            Conformance{{.params = {{"keep", 0.2}, {"recent", 0.1}, {"sinks", int64_t(2)}},
+                         .evicts = true,
+                         .sinks_param = "sinks"}}) {}
 };
 
 }  // namespace

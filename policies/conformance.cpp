@@ -1,0 +1,576 @@
+#include "policies/conformance.h"
+
+#include <array>
+#include <cmath>
+#include <random>
+
+#include "framework/core/error.h"
+#include "framework/engine/logit_bound.h"
+#include "framework/engine/random_model.h"
+#include "kernels/common/masks.h"
+#include "kernels/testing/reference_attention.h"
+#include "policies/policy_testing.h"
+
+namespace kvlab::conformance {
+
+std::string Case::describe() const {
+  return testing::describe({policy, config.params});
+}
+
+std::vector<Case> cases(const PolicyRegistry& registry, const std::vector<std::string>& names) {
+  std::vector<Case> out;
+  const std::vector<testing::PolicyConfig> compat = testing::acting_policy_configs(names);
+  for (const std::string& name : names) {
+    const PolicyFactory& f = registry.at(name);
+    const auto declared = f.conformance_configs();
+    for (const auto& c : declared) out.push_back({name, c, true});
+    // COMPAT: the central table's entries run as well, flags not asserted; their sinks parameter
+    // is the factory's (its first configuration), else (no configuration) a parameter named
+    // "sinks", as the suite inferred before API v4.
+    std::string sinks;
+    if (!declared.empty()) {
+      sinks = declared.front().sinks_param;
+    } else {
+      for (const ParamSpec& p : f.params())
+        if (p.name == "sinks") sinks = "sinks";
+    }
+    bool any = !declared.empty();
+    for (const auto& c : compat)
+      if (c.policy == name) out.push_back({name, {.params = c.params, .sinks_param = sinks}, false}), any = true;
+    if (!any) out.push_back({name, {.sinks_param = sinks}, false});  // nothing given: the defaults
+  }
+  return out;
+}
+
+namespace {
+
+using testing::PolicySimulator;
+using testing::SimOptions;
+using Trace = std::vector<PolicySimulator::Step>;
+
+// A prefill chunk (the prompt's end: prompt-end policies compress there), decode, a second
+// chunk, decode.
+const std::vector<int>& schedule() {
+  static const std::vector<int> s = [] {
+    std::vector<int> s = {13};
+    for (int i = 0; i < 30; ++i) s.push_back(1);
+    s.push_back(11);
+    for (int i = 0; i < 30; ++i) s.push_back(1);
+    return s;
+  }();
+  return s;
+}
+
+SimOptions sim_options() {
+  SimOptions o;
+  o.n_layers = 2, o.n_heads = 6, o.n_kv_heads = 2, o.head_dim = 8;  // G = 3
+  return o;
+}
+
+Trace run(AttentionPolicy& p, const SimOptions& o, uint64_t seed, const std::vector<int>& sched) {
+  PolicySimulator sim(o, seed);
+  Trace t;
+  for (size_t i = 0; i < sched.size(); ++i) t.push_back(sim.step(p, sched[i], i == 0));  // the first chunk ends the prompt
+  return t;
+}
+
+float trace_diff(const Trace& a, const Trace& b) {
+  if (a.size() != b.size()) return INFINITY;
+  float m = 0.f;
+  for (size_t s = 0; s < a.size(); ++s) {
+    if (a[s].out.size() != b[s].out.size()) return INFINITY;
+    for (size_t l = 0; l < a[s].out.size(); ++l) m = std::max(m, testing::max_abs_diff(a[s].out[l], b[s].out[l]));
+  }
+  return m;
+}
+
+std::string first_violation(const Trace& t) {
+  for (size_t s = 0; s < t.size(); ++s)
+    if (!t[s].violations.empty()) return str_cat("step ", s, ": ", t[s].violations[0]);
+  return "";
+}
+
+std::unique_ptr<AttentionPolicy> make_sim(const PolicyRegistry& r, const Case& c) {
+  return r.create(c.policy, c.config.params, PolicySimulator(sim_options(), 1).shape(), "conformance.params");
+}
+
+// A mask claim that contradicts the declared flag fails; no claim (and none declared) skips.
+std::optional<Verdict> mask_flag(const Case& c, const std::optional<ClaimedMask>& mask) {
+  if (c.declared && c.config.mask_based && !mask)
+    return Verdict::fail("declared mask_based but claimed_mask() is empty");
+  if (c.declared && !c.config.mask_based && mask)
+    return Verdict::fail("claimed_mask() is set but the configuration is not declared mask_based");
+  if (!mask) return Verdict::skip("not mask-based");
+  return std::nullopt;
+}
+
+// ---- simulator ------------------------------------------------------------------------------
+
+Verdict sim_unlimited_equals_full(const PolicyRegistry& r, const Case& c) {
+  const SimOptions o = sim_options();
+  PolicySimulator shape_sim(o, 1);
+  auto unlimited = r.at(c.policy).unlimited_params();
+  if (!unlimited) return Verdict::fail("declares no unlimited parameters (PolicyFactory::unlimited_params)");
+  auto full = r.create("full", {}, shape_sim.shape());
+  for (const std::vector<int>& sched : {schedule(), std::vector<int>(40, 1)}) {
+    const Trace want = run(*full, o, 11, sched);
+    auto p = r.create(c.policy, *unlimited, shape_sim.shape(), "unlimited_params");
+    const Trace got = run(*p, o, 11, sched);
+    if (const float d = trace_diff(got, want); !(d <= 1e-5f))
+      return Verdict::fail(str_cat("max |output - full| = ", d, " > 1e-5 (schedule of ", sched.size(), " steps)"));
+    if (std::string v = first_violation(got); !v.empty()) return Verdict::fail(v);
+  }
+  return Verdict::pass();
+}
+
+Verdict sim_mask_equals_dense(const PolicyRegistry& r, const Case& c) {
+  const SimOptions o = sim_options();
+  auto p = make_sim(r, c);
+  const auto mask = p->claimed_mask();
+  if (auto v = mask_flag(c, mask)) return *v;
+  // Independent statements for the built-in patterns (kernels/common/masks.h).
+  if (r.origin(c.policy) == "built-in") {
+    const ParamValues v = validate_params(c.policy, r.at(c.policy).params(), c.config.params, "conformance");
+    std::function<bool(int, int, int64_t, int64_t)> independent;
+    if (c.policy == "sliding_window") {
+      SlidingWindowMask m{v.get_int("window"), v.get_bool("plus_one")};
+      independent = [m](int, int, int64_t i, int64_t j) { return m(i, j); };
+    } else if (c.policy == "strided" && v.get_string("combine") == "union") {
+      if (v.get_string("pattern") == "strided") {
+        StridedMask m{v.get_int("stride"), v.get_int("global")};
+        independent = [m](int, int, int64_t i, int64_t j) { return m(i, j); };
+      } else {
+        FixedMask m{v.get_int("stride"), v.get_int("summary"), v.get_int("global")};
+        independent = [m](int, int, int64_t i, int64_t j) { return m(i, j); };
+      }
+    } else if (c.policy == "full") {
+      independent = [](int, int, int64_t i, int64_t j) { return CausalMask{}(i, j); };
+    }
+    if (independent)
+      for (int layer = 0; layer < 2; ++layer)
+        for (int h = 0; h < 2; ++h)
+          for (int64_t i = 0; i < 80; ++i)
+            for (int64_t j = 0; j <= i + 1; ++j)
+              if (mask->allow(layer, h, i, j) != independent(layer, h, i, j))
+                return Verdict::fail(str_cat("claimed mask differs from kernels/common/masks.h at layer ", layer,
+                                             " head ", h, " (", i, ", ", j, ")"));
+  }
+  PolicySimulator sim(o, 21);
+  int64_t pos = 0;
+  size_t step_index = 0;
+  for (int n : schedule()) {
+    auto st = sim.step(*p, n, step_index++ == 0);  // the first chunk ends the prompt
+    if (!st.violations.empty()) return Verdict::fail(st.violations[0]);
+    if (!(mask->decode_only && n > 1))
+      for (int layer = 0; layer < o.n_layers; ++layer)
+        for (int row = 0; row < n; ++row) {
+          const int64_t i = pos + row;
+          auto ref = testing::dense_reference(o, 21, layer, i, [&](int h, int64_t j) {
+            return mask->allow(layer, h, i, j);
+          });
+          std::vector<float> got(st.out[layer].begin() + size_t(row) * o.n_heads * o.head_dim,
+                                 st.out[layer].begin() + size_t(row + 1) * o.n_heads * o.head_dim);
+          if (const float d = testing::max_abs_diff(got, ref); !(d <= 2e-5f))
+            return Verdict::fail(str_cat("layer ", layer, " query ", i, ": max |output - dense masked| = ", d,
+                                         " > 2e-5"));
+        }
+    pos += n;
+  }
+  return Verdict::pass();
+}
+
+Verdict sim_invariants(const PolicyRegistry& r, const Case& c) {
+  const SimOptions o = sim_options();
+  PolicySimulator sim(o, 5);
+  auto p = make_sim(r, c);
+  const ParamValues v = validate_params(c.policy, r.at(c.policy).params(), c.config.params, "conformance");
+  const std::string& sp = c.config.sinks_param;
+  if (!sp.empty() && !v.all().count(sp)) return Verdict::fail(str_cat("sinks_param '", sp, "' is not a parameter"));
+  const int64_t sinks = sp.empty() ? 0 : v.get_int(sp);
+  bool evicted = false;
+  size_t step_index = 0;
+  for (int n : schedule()) {
+    auto st = sim.step(*p, n, step_index++ == 0);  // the first chunk ends the prompt
+    if (!st.violations.empty()) return Verdict::fail(st.violations[0]);
+    for (int layer = 0; layer < o.n_layers; ++layer) {
+      const int64_t budget = p->budget_tokens(layer, sim.n_seen());
+      for (int h = 0; h < o.n_kv_heads; ++h) {
+        if (budget >= 0 && st.resident[layer][h] > budget)
+          return Verdict::fail(str_cat("layer ", layer, " head ", h, ": ", st.resident[layer][h],
+                                       " tokens resident > budget ", budget, " at n_seen ", sim.n_seen()));
+        evicted |= st.resident[layer][h] < sim.n_seen();
+        // Sinks kept: positions [0, sinks) resident.
+        const auto& cache = sim.cache(layer);
+        int64_t kept = 0;
+        for (int s = 0; s < cache.n_slots(); ++s) kept += cache.slot_valid(s, h) && cache.slot_position(s, h) < sinks;
+        if (kept != std::min(sinks, sim.n_seen()))
+          return Verdict::fail(str_cat("layer ", layer, " head ", h, ": ", kept, " of the first ", sinks,
+                                       " positions resident at n_seen ", sim.n_seen()));
+      }
+    }
+  }
+  if (c.declared && c.config.evicts && !evicted)
+    return Verdict::fail(str_cat("declared evicts, but every token stayed resident (", sim.n_seen(), " tokens)"));
+  return Verdict::pass();
+}
+
+Verdict sim_deterministic_batched_reset(const PolicyRegistry& r, const Case& c) {
+  const SimOptions o = sim_options();
+  auto make = [&] { return make_sim(r, c); };
+  const auto& sched = schedule();
+  auto a1 = make();
+  const Trace alone_a = run(*a1, o, 31, sched);
+  if (std::string v = first_violation(alone_a); !v.empty()) return Verdict::fail(v);
+  auto a2 = make();
+  if (const float d = trace_diff(run(*a2, o, 31, sched), alone_a); d != 0.f)
+    return Verdict::fail(str_cat("not deterministic: a second run differs by ", d));
+  auto b1 = make();
+  const Trace alone_b = run(*b1, o, 32, sched);
+  // Two sequences stepped in lockstep (one batch): each equals its solo run.
+  auto pa = make(), pb = make();
+  PolicySimulator sa(o, 31), sb(o, 32);
+  Trace ta, tb;
+  for (size_t i = 0; i < sched.size(); ++i) {
+    ta.push_back(sa.step(*pa, sched[i], i == 0));
+    tb.push_back(sb.step(*pb, sched[i], i == 0));
+  }
+  if (const float d = trace_diff(ta, alone_a); d != 0.f) return Verdict::fail(str_cat("batched != alone (a) by ", d));
+  if (const float d = trace_diff(tb, alone_b); d != 0.f) return Verdict::fail(str_cat("batched != alone (b) by ", d));
+  // A policy reset after one sample behaves like a new one on the next.
+  auto pr = make();
+  run(*pr, o, 31, sched);
+  pr->reset();
+  if (const float d = trace_diff(run(*pr, o, 32, sched), alone_b); d != 0.f)
+    return Verdict::fail(str_cat("reset != new by ", d));
+  return Verdict::pass();
+}
+
+// ---- engine ---------------------------------------------------------------------------------
+
+constexpr int kPrefill = 20, kTokens = 110;
+
+std::unique_ptr<AttentionPolicy> make_engine_policy(const PolicyRegistry& r, const std::string& name,
+                                                    const std::map<std::string, ParamValue>& params) {
+  return r.create(name, params, policy_shape(engine::tiny_model().config), "conformance.params");
+}
+
+Verdict engine_unlimited_equals_full(const PolicyRegistry& r, const Case& c) {
+  const Model& m = engine::tiny_model();
+  Engine e(m, engine::engine_options());
+  const auto tokens = engine::random_tokens(kTokens, 1);
+  const auto full = engine::run_logits(e, nullptr, tokens);
+  auto params = r.at(c.policy).unlimited_params();
+  if (!params) return Verdict::fail("declares no unlimited parameters (PolicyFactory::unlimited_params)");
+  const auto got = engine::run_logits(e, make_engine_policy(r, c.policy, *params), tokens);
+  // the policy's path (explicit selections, eviction bookkeeping) may sum in another order:
+  // two differently rounded passes (logit_bound.h)
+  const double bound = 2 * logit_bound(m, tokens.size());
+  if (const float d = testing::max_abs_diff(got, full); !(d <= bound))
+    return Verdict::fail(str_cat("max |logit - full| = ", d, " > ", bound));
+  return Verdict::pass();
+}
+
+Verdict engine_mask_equals_dense(const PolicyRegistry& r, const Case& c) {
+  const Model& m = engine::tiny_model();
+  Engine e(m, engine::engine_options());
+  const auto tokens = engine::random_tokens(kTokens, 2);
+  auto p = make_engine_policy(r, c.policy, c.config.params);
+  const auto mask = p->claimed_mask();
+  if (auto v = mask_flag(c, mask)) return *v;
+  const auto want = engine::masked_reference(m, tokens, mask->allow);
+  const auto got = engine::run_logits(e, std::move(p), tokens);
+  // against the double-precision masked reference: one fp32 pass (logit_bound.h)
+  const double bound = logit_bound(m, tokens.size());
+  if (const float d = testing::max_abs_diff(got, want); !(d <= bound))
+    return Verdict::fail(str_cat("max |logit - dense masked reference| = ", d, " > ", bound));
+  return Verdict::pass();
+}
+
+Verdict engine_resident_within_budget(const PolicyRegistry& r, const Case& c) {
+  const Model& m = engine::tiny_model();
+  Engine e(m, engine::engine_options());
+  const auto tokens = engine::random_tokens(kTokens, 3);
+  const int n_layers = m.config.n_layers, n_kv = m.config.n_kv_heads;
+  size_t full_bytes = 0;
+  engine::run_logits(e, nullptr, tokens, [&](SeqId s, int64_t) { full_bytes = e.sequence_stats(s).kv_bytes_current; });
+  auto budget_of = make_engine_policy(r, c.policy, c.config.params);  // budget_tokens is a function of the parameters
+  size_t bytes = 0;
+  bool bounded = true, evicted = false;
+  std::string failure;
+  engine::run_logits(e, make_engine_policy(r, c.policy, c.config.params), tokens, [&](SeqId s, int64_t n_seen) {
+    for (int l = 0; l < n_layers; ++l) {
+      const int64_t budget = budget_of->budget_tokens(l, n_seen);
+      bounded &= budget >= 0;
+      for (int h = 0; h < n_kv; ++h) {
+        const int64_t resident = e.kv().resident_tokens(s, l, h);
+        evicted |= resident < n_seen;
+        if (budget >= 0 && resident > budget && failure.empty())
+          failure = str_cat("layer ", l, " head ", h, ": ", resident, " tokens resident > budget ", budget,
+                            " at n_seen ", n_seen);
+      }
+    }
+    bytes = e.sequence_stats(s).kv_bytes_current;
+  });
+  if (!failure.empty()) return Verdict::fail(failure);
+  // A policy with a token budget below the length holds fewer blocks than full attention:
+  // evicted tokens are really freed, not just masked.
+  if (bounded && budget_of->budget_tokens(0, kTokens) * 2 < kTokens && !(bytes < full_bytes))
+    return Verdict::fail(str_cat(bytes, " KV bytes resident vs full attention's ", full_bytes,
+                                 " although the budget is under half the length"));
+  if (c.declared && c.config.evicts && !evicted)
+    return Verdict::fail(str_cat("declared evicts, but every token stayed resident in the KV store (", kTokens,
+                                 " tokens)"));
+  return Verdict::pass();
+}
+
+Verdict engine_batched_reset(const PolicyRegistry& r, const Case& c) {
+  const Model& m = engine::tiny_model();
+  const auto ta = engine::random_tokens(kTokens, 5), tb = engine::random_tokens(kTokens, 6);
+  auto make = [&] { return make_engine_policy(r, c.policy, c.config.params); };
+  Engine solo(m, engine::engine_options());
+  const auto alone_a = engine::run_logits(solo, make(), ta);
+  const auto alone_b = engine::run_logits(solo, make(), tb);
+  Engine batch(m, engine::engine_options(2));
+  const SeqId sa = batch.start_sequence(make()), sb = batch.start_sequence(make());
+  std::vector<float> la, lb, lg;
+  if (batch.prefill(sa, std::span(ta.data(), kPrefill), la, true, /*prompt_end=*/true) != StepStatus::kOk ||
+      batch.prefill(sb, std::span(tb.data(), kPrefill), lb, true, /*prompt_end=*/true) != StepStatus::kOk)
+    return Verdict::fail("batched prefill did not return kOk");
+  const std::vector<SeqId> both = {sa, sb};
+  const size_t vocab = size_t(m.config.vocab_size);
+  for (int i = kPrefill; i < kTokens; ++i) {
+    const std::vector<int32_t> tok = {ta[i], tb[i]};
+    if (batch.decode(both, tok, lg) != StepStatus::kOk) return Verdict::fail(str_cat("batched decode step ", i, " failed"));
+    la.insert(la.end(), lg.begin(), lg.begin() + vocab);
+    lb.insert(lb.end(), lg.begin() + vocab, lg.end());
+  }
+  if (const float d = testing::max_abs_diff(la, alone_a); !(d <= 1e-5f))
+    return Verdict::fail(str_cat("batched a != alone by ", d));
+  if (const float d = testing::max_abs_diff(lb, alone_b); !(d <= 1e-5f))
+    return Verdict::fail(str_cat("batched b != alone by ", d));
+
+  // Reset: one policy object serves sequence a, is reset, then serves b (through a thin
+  // forwarding wrapper, since the engine owns what it is given).
+  struct Forward final : AttentionPolicy {
+    AttentionPolicy* p;
+    explicit Forward(AttentionPolicy* x) : p(x) {}
+    PolicyNeeds needs() const override { return p->needs(); }
+    void select(const LayerStep& s, KeySelection& o) override { p->select(s, o); }
+    void after_attention(const LayerStep& s, const StepStats& st, Evictions& o) override { p->after_attention(s, st, o); }
+    int64_t budget_tokens(int l, int64_t n) const override { return p->budget_tokens(l, n); }
+    void reset() override { p->reset(); }
+  };
+  auto shared = make();
+  engine::run_logits(solo, std::make_unique<Forward>(shared.get()), ta);
+  shared->reset();
+  if (const float d = testing::max_abs_diff(engine::run_logits(solo, std::make_unique<Forward>(shared.get()), tb), alone_b);
+      !(d <= 0.f))
+    return Verdict::fail(str_cat("reset != new by ", d));
+  return Verdict::pass();
+}
+
+}  // namespace
+
+const std::vector<Check>& simulator_checks() {
+  static const std::vector<Check> checks = {
+      {"sim.unlimited_equals_full", false, sim_unlimited_equals_full},
+      {"sim.mask_equals_dense", true, sim_mask_equals_dense},
+      {"sim.invariants", true, sim_invariants},
+      {"sim.deterministic_batched_reset", true, sim_deterministic_batched_reset},
+  };
+  return checks;
+}
+
+const std::vector<Check>& engine_checks() {
+  static const std::vector<Check> checks = {
+      {"engine.unlimited_equals_full", false, engine_unlimited_equals_full},
+      {"engine.mask_equals_dense", true, engine_mask_equals_dense},
+      {"engine.resident_within_budget", true, engine_resident_within_budget},
+      {"engine.batched_reset", true, engine_batched_reset},
+  };
+  return checks;
+}
+
+const Check& check_named(const std::string& name) {
+  for (const auto* list : {&simulator_checks(), &engine_checks()})
+    for (const Check& c : *list)
+      if (c.name == name) return c;
+  fail("unknown conformance check '", name, "'");
+}
+
+Verdict run_check(const Check& check, const PolicyRegistry& registry, const Case& c) {
+  try {
+    return check.run(registry, c);
+  } catch (const std::exception& e) {
+    return Verdict::fail(str_cat("threw: ", e.what()));
+  }
+}
+
+std::vector<Outcome> run_all(const PolicyRegistry& registry, const std::vector<std::string>& names,
+                             const std::function<void(const Outcome&)>& each) {
+  std::vector<Outcome> out;
+  std::vector<Case> all;
+  try {
+    all = cases(registry, names);
+  } catch (const std::exception& e) {
+    out.push_back({"cases", "", Verdict::fail(e.what())});
+    if (each) each(out.back());
+    return out;
+  }
+  for (const auto* list : {&simulator_checks(), &engine_checks()})
+    for (const Check& check : *list) {
+      if (!check.per_config) {
+        for (const std::string& n : names) {
+          out.push_back({check.name, n, run_check(check, registry, Case{n, {}, false})});
+          if (each) each(out.back());
+        }
+        continue;
+      }
+      for (const Case& c : all) {
+        out.push_back({check.name, c.describe(), run_check(check, registry, c)});
+        if (each) each(out.back());
+      }
+    }
+  return out;
+}
+
+// ---- engine helpers -------------------------------------------------------------------------
+
+namespace engine {
+
+namespace {
+ModelConfig tiny_config() {
+  ModelConfig c;
+  c.arch = "llama";
+  c.dim = 64;
+  c.n_layers = 2;
+  c.n_heads = 6;
+  c.n_kv_heads = 2;  // G = 3
+  c.head_dim = 16;
+  c.hidden_dim = 96;
+  c.vocab_size = 97;
+  c.max_seq_len = 160;
+  c.rope_theta = 10000.f;
+  c.rope_style = RopeStyle::kInterleaved;
+  return c;
+}
+}  // namespace
+
+const Model& tiny_model() {
+  static std::unique_ptr<Model> m = make_random_model(tiny_config(), DType::kF32, 1234);
+  return *m;
+}
+
+std::vector<int32_t> random_tokens(int n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<int32_t> t(n);
+  for (auto& x : t) x = int32_t(rng() % 97);
+  return t;
+}
+
+EngineOptions engine_options(int max_batch) {
+  EngineOptions o;
+  o.threads = 1;
+  o.max_batch = max_batch;
+  o.prefill_chunk_tokens = 256;
+  return o;
+}
+
+std::vector<float> run_logits(Engine& e, std::unique_ptr<AttentionPolicy> p, const std::vector<int32_t>& tokens,
+                              const std::function<void(SeqId, int64_t)>& each_step) {
+  const SeqId s = e.start_sequence(std::move(p));
+  std::vector<float> all, lg;
+  if (e.prefill(s, std::span(tokens.data(), kPrefill), all, true, /*prompt_end=*/true) != StepStatus::kOk)
+    fail("conformance: prefill of ", kPrefill, " tokens did not return kOk");
+  if (each_step) each_step(s, kPrefill);
+  for (size_t i = kPrefill; i < tokens.size(); ++i) {
+    if (e.decode(std::span(&s, 1), std::span(&tokens[i], 1), lg) != StepStatus::kOk)
+      fail("conformance: decode step ", i, " did not return kOk");
+    all.insert(all.end(), lg.begin(), lg.end());
+    if (each_step) each_step(s, int64_t(i) + 1);
+  }
+  e.end_sequence(s);
+  return all;
+}
+
+namespace {
+std::vector<double> matvec(const std::vector<float>& w, int rows, int cols, const std::vector<double>& x) {
+  std::vector<double> y(rows, 0.0);
+  for (int r = 0; r < rows; ++r) {
+    const float* wr = w.data() + size_t(r) * cols;
+    for (int k = 0; k < cols; ++k) y[r] += double(wr[k]) * x[k];
+  }
+  return y;
+}
+
+std::vector<double> rmsnorm(const std::vector<double>& x, const std::vector<float>& w, double eps) {
+  double ss = 0;
+  for (double v : x) ss += v * v;
+  const double inv = 1.0 / std::sqrt(ss / double(x.size()) + eps);
+  std::vector<double> y(x.size());
+  for (size_t i = 0; i < x.size(); ++i) y[i] = x[i] * inv * w[i];
+  return y;
+}
+
+// Interleaved RoPE (pairs 2i, 2i+1) at position pos, every head of x [n, hd].
+void rope(std::vector<double>& x, int n, int hd, double pos, double theta) {
+  for (int h = 0; h < n; ++h)
+    for (int i = 0; i < hd / 2; ++i) {
+      const double a = pos * std::pow(theta, -2.0 * i / hd), c = std::cos(a), s = std::sin(a);
+      double& x0 = x[size_t(h) * hd + 2 * i];
+      double& x1 = x[size_t(h) * hd + 2 * i + 1];
+      const double u = x0, v = x1;
+      x0 = u * c - v * s, x1 = u * s + v * c;
+    }
+}
+}  // namespace
+
+std::vector<float> masked_reference(const Model& m, const std::vector<int32_t>& tokens,
+                                    const std::function<bool(int, int, int64_t, int64_t)>& mask) {
+  const ModelConfig& c = m.config;
+  const int hd = c.head_dim, nh = c.n_heads, nkv = c.n_kv_heads, G = nh / nkv;
+  const std::vector<float> emb = weight_to_float(m.tok_embeddings), head = weight_to_float(m.lm_head);
+  std::vector<std::array<std::vector<float>, 7>> w;
+  for (const LayerWeights& l : m.layers)
+    w.push_back({weight_to_float(l.wq), weight_to_float(l.wk), weight_to_float(l.wv), weight_to_float(l.wo),
+                 weight_to_float(l.w_gate), weight_to_float(l.w_up), weight_to_float(l.w_down)});
+  std::vector<std::vector<std::vector<double>>> K(c.n_layers), V(c.n_layers);  // rotated keys
+  std::vector<float> logits;
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    std::vector<double> x(emb.begin() + size_t(tokens[i]) * c.dim, emb.begin() + size_t(tokens[i] + 1) * c.dim);
+    for (int l = 0; l < c.n_layers; ++l) {
+      auto h = rmsnorm(x, m.layers[l].attn_norm, c.rms_eps);
+      auto q = matvec(w[l][0], nh * hd, c.dim, h);
+      auto k = matvec(w[l][1], nkv * hd, c.dim, h);
+      auto v = matvec(w[l][2], nkv * hd, c.dim, h);
+      rope(q, nh, hd, double(i), c.rope_theta);
+      rope(k, nkv, hd, double(i), c.rope_theta);
+      K[l].push_back(k), V[l].push_back(v);
+      std::vector<double> o(size_t(nh) * hd, 0.0);
+      for (int hq = 0; hq < nh; ++hq) {
+        const int kh = hq / G;
+        const testing::ReferenceRow ref = testing::reference_attention_row(
+            q.data() + size_t(hq) * hd, hd, int64_t(i) + 1, 1.0 / std::sqrt(double(hd)),
+            [&](int64_t j) { return K[l][j].data() + size_t(kh) * hd; },
+            [&](int64_t j) { return V[l][j].data() + size_t(kh) * hd; },
+            [&](int64_t j) { return mask(l, kh, int64_t(i), j); });
+        for (int e = 0; e < hd; ++e) o[size_t(hq) * hd + e] = ref.out[e];
+      }
+      auto ao = matvec(w[l][3], c.dim, nh * hd, o);
+      for (int j = 0; j < c.dim; ++j) x[j] += ao[j];
+      h = rmsnorm(x, m.layers[l].ffn_norm, c.rms_eps);
+      auto g = matvec(w[l][4], c.hidden_dim, c.dim, h), u = matvec(w[l][5], c.hidden_dim, c.dim, h);
+      for (int j = 0; j < c.hidden_dim; ++j) g[j] = g[j] / (1 + std::exp(-g[j])) * u[j];
+      auto dn = matvec(w[l][6], c.dim, c.hidden_dim, g);
+      for (int j = 0; j < c.dim; ++j) x[j] += dn[j];
+    }
+    auto h = rmsnorm(x, m.final_norm, c.rms_eps);
+    auto lg = matvec(head, c.vocab_size, c.dim, h);
+    logits.insert(logits.end(), lg.begin(), lg.end());
+  }
+  return logits;
+}
+
+}  // namespace engine
+
+}  // namespace kvlab::conformance
