@@ -43,8 +43,14 @@ void window_attention(const AttentionArgs& a, int first_row, float* out) {
           a.rope->rotate(rotated.data(), a.key_rope_pos[static_cast<size_t>(slots[j]) * Hkv + g]);
           k = rotated.data();
         }
-        double dot = 0;
-        for (int d = 0; d < D; ++d) dot += double(q[d]) * double(k[d]);
+        // Eight independent partial sums (a single chain is latency-bound: one FMA per 4
+        // cycles); in double the order changes nothing beyond ~1e-16 relative.
+        double part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        int d = 0;
+        for (; d + 8 <= D; d += 8)
+          for (int u = 0; u < 8; ++u) part[u] += double(q[d + u]) * double(k[d + u]);
+        for (; d < D; ++d) part[0] += double(q[d]) * double(k[d]);
+        const double dot = ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
         s[j] = dot * a.scale;
         m = std::max(m, s[j]);
       }
