@@ -28,11 +28,9 @@ std::unique_ptr<PolicyFactory> make_adakv_factory() {
       copy.doc = "(scorer " + e.name + ") " + s.doc;
       specs.push_back(std::move(copy));
     }
-  for (ParamSpec& s : budget_param_specs(0.0)) specs.push_back(std::move(s));
-  specs.push_back(compress_param_spec("prompt_end"));
-  return std::make_unique<SimplePolicyFactory>(
+  return make_scorer_factory(
       "adakv", "AdaKV: a scorer's budget allocated across the layer's KV heads jointly",
-      std::move(specs),
+      with_budget(std::move(specs), "prompt_end"),
       [](const ParamValues& p, const PolicyModelShape& shape) {
         const ScorerEntry& e = find_scorer(p.get_string("scorer"));
         const TokenBudget b = TokenBudget::from_params(p);
@@ -44,7 +42,11 @@ std::unique_ptr<PolicyFactory> make_adakv_factory() {
         plan.n_kv_heads = shape.n_kv_heads;
         return make_scorer_policy(e.make(p, every), std::move(plan));
       },
-      std::map<std::string, ParamValue>{{"compression_ratio", 0.0}});
+      {{.params = {{"compression_ratio", 0.5}, {"window", int64_t(2)}}, .evicts = true},  // conformance suite
+       {.params = {{"budget_tokens", int64_t(9)}, {"scorer", std::string("tova")},
+                   {"compress", std::string("every_step")}},
+        .evicts = true},
+       {.params = {{"compression_ratio", 0.6}, {"scorer", std::string("knorm")}, {"alpha", 0.5}}, .evicts = true}});
 }
 
 }  // namespace kvlab

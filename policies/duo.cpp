@@ -183,6 +183,10 @@ std::unique_ptr<PolicyFactory> make_duo_factory() {
                                            p.get_int("recent"), budget);
       },
       std::map<std::string, ParamValue>{{"retrieval_fraction", 1.0}},
+      // Conformance suite: every head streaming (the head-file sets are made at test time, so
+      // they stay in policy_testing.cpp's table).
+      SimplePolicyFactory::Conformance{{.params = {{"retrieval_fraction", 0.0}, {"sinks", int64_t(2)}, {"recent", int64_t(6)}},
+                                        .evicts = true, .mask_based = true, .sinks_param = "sinks"}},
       [](const ParamValues& p, const PolicyModelShape&) {
         std::map<std::string, ParamValue> out = p.all();
         out["retrieval_fraction"] = resolved_fraction(p);

@@ -127,7 +127,8 @@ std::unique_ptr<PolicyFactory> make_h2o_factory() {
       SimplePolicyFactory::Conformance{  // conformance suite: acting parameter sets
           {.params = {{"heavy", 0.2}, {"recent", 0.1}}, .evicts = true, .sinks_param = "sinks"},
           {.params = {{"units", std::string("tokens")}, {"heavy", 8.0}, {"recent", 4.0}, {"sinks", int64_t(2)}},
-           .evicts = true, .sinks_param = "sinks"}});
+           .evicts = true, .sinks_param = "sinks"},
+          {.params = {{"compression_ratio", 0.7}, {"sinks", int64_t(1)}}, .evicts = true, .sinks_param = "sinks"}});
 }
 
 }  // namespace kvlab

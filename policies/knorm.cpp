@@ -43,14 +43,10 @@ ScorerEntry knorm_scorer() {
 }
 
 std::unique_ptr<PolicyFactory> make_knorm_factory() {
-  ParamSpecs specs = budget_param_specs(0.0);
-  specs.push_back(compress_param_spec("prompt_end"));
-  return std::make_unique<SimplePolicyFactory>(
-      "knorm", "keeps the lowest-L2-norm keys; compresses at the prompt end", std::move(specs),
-      [](const ParamValues& p, const PolicyModelShape&) {
-        return make_uniform_scorer_policy(knorm_scorer(), p);
-      },
-      std::map<std::string, ParamValue>{{"compression_ratio", 0.0}});
+  return make_uniform_scorer_factory(
+      knorm_scorer, "keeps the lowest-L2-norm keys; compresses at the prompt end", "prompt_end",
+      {{.params = {{"compression_ratio", 0.5}}, .evicts = true},  // conformance suite: acting sets
+       {.params = {{"budget_tokens", int64_t(7)}, {"compress", std::string("every_step")}}, .evicts = true}});
 }
 
 }  // namespace kvlab

@@ -408,7 +408,11 @@ std::unique_ptr<PolicyFactory> make_landmark_factory() {
                       {"landmark", std::string("bounds")}, {"gqa", std::string("max")}, {"prefill", std::string("select")}}},
           {.params = {{"chunk_size", int64_t(8)}, {"top_k", int64_t(2)}, {"window", int64_t(9)},
                       {"landmark", std::string("mean")}, {"gqa", std::string("sum")}, {"local", std::string("exact")},
-                      {"prefill", std::string("select")}}}},
+                      {"prefill", std::string("select")}}},
+          {.params = {{"chunk_size", int64_t(8)}, {"top_k", int64_t(2)}, {"window", int64_t(12)},
+                      {"gqa", std::string("per_head")}}},
+          {.params = {{"chunk_size", int64_t(4)}, {"window", int64_t(6)}, {"compression_ratio", 0.5},
+                      {"gqa", std::string("per_head")}, {"prefill", std::string("select")}}}},
       [](const ParamValues& p, const PolicyModelShape& shape) {
         const ResolvedSizes z = resolve_sizes(p, shape);
         std::map<std::string, ParamValue> out = p.all();

@@ -199,43 +199,17 @@ using P = std::map<std::string, ParamValue>;  // the table's spelling
 }  // namespace
 
 std::vector<PolicyConfig> acting_policy_configs(const std::vector<std::string>& registered) {
-  // COMPAT: one line per entry, {"policy", P{{"param", value}, ...}}. The built-ins' and the
-  // example plugin's acting parameters moved into their factories (conformance_configs()); put
-  // new ones there too, keeping here only what a factory cannot state (e.g. a path made at test
-  // time).
+  // COMPAT: one line per entry, {"policy", P{{"param", value}, ...}}. Every built-in's and the
+  // example plugin's acting parameters are in their factories (conformance_configs()); put new
+  // ones there too, keeping here only what a factory cannot state: a path made at test time.
   // The head file only when duo is asked for (kvlab check-policy calls this too).
   const bool duo = std::find(registered.begin(), registered.end(), "duo") != registered.end();
   const std::string duo_heads = duo ? duo_test_head_file() : std::string();
   std::vector<PolicyConfig> out = {
-      // Prompt-end policies compress at the conformance schedules' first chunk (prompt_end);
-      // every_step variants compress from the start.
-      {"snapkv", P{{"compression_ratio", 0.5}, {"window", int64_t(4)}}},
-      {"snapkv", P{{"budget_tokens", int64_t(8)}, {"window", int64_t(3)}, {"kernel_size", int64_t(3)},
-                   {"pooling", std::string("max")}, {"compress", std::string("every_step")}}},
-      {"pyramidkv", P{{"compression_ratio", 0.5}, {"window", int64_t(2)}, {"beta", 2.0}}},
-      {"adakv", P{{"compression_ratio", 0.5}, {"window", int64_t(2)}}},
-      {"adakv", P{{"budget_tokens", int64_t(9)}, {"scorer", std::string("tova")},
-                  {"compress", std::string("every_step")}}},
-      {"tova", P{{"compression_ratio", 0.6}}},
-      {"tova", P{{"budget_tokens", int64_t(7)}, {"gqa", std::string("layer")}}},
-      {"knorm", P{{"compression_ratio", 0.5}}},
-      {"random", P{{"budget_tokens", int64_t(6)}, {"compress", std::string("every_step")}}},
-      {"random", P{{"compression_ratio", 0.75}}},
-      {"h2o", P{{"compression_ratio", 0.7}, {"sinks", int64_t(1)}}},
-      {"landmark", P{{"chunk_size", int64_t(8)}, {"top_k", int64_t(2)}, {"window", int64_t(12)},
-                     {"gqa", std::string("per_head")}}},
-      // The budget convention (POLICIES.md 9; budget_policies_test checks it in detail).
-      {"sinks", P{{"sinks", int64_t(2)}, {"compression_ratio", 0.5}, {"rope_positions", std::string("original")}}},
-      {"sinks", P{{"sinks", int64_t(4)}, {"budget_tokens", int64_t(12)}}},
-      {"landmark", P{{"chunk_size", int64_t(4)}, {"window", int64_t(6)}, {"compression_ratio", 0.5},
-                     {"gqa", std::string("per_head")}, {"prefill", std::string("select")}}},
       {"duo", P{{"heads", duo_heads}, {"retrieval_fraction", 0.25}, {"sinks", int64_t(2)}, {"recent", int64_t(8)}}},
       {"duo", P{{"heads", duo_heads}, {"retrieval_fraction", 0.5}, {"sinks", int64_t(3)}, {"recent", int64_t(5)}}},
-      {"duo", P{{"retrieval_fraction", 0.0}, {"sinks", int64_t(2)}, {"recent", int64_t(6)}}},
       {"duo", P{{"heads", duo_heads}, {"retrieval_fraction", 0.25}, {"sinks", int64_t(2)},
                 {"compression_ratio", 0.5}}},
-      {"quest", P{{"budget_tokens", int64_t(12)}, {"dense_layers", int64_t(1)}}},
-      {"quest", P{{"compression_ratio", 0.6}, {"dense_layers", int64_t(0)}, {"gqa", std::string("union")}}},
   };
   std::erase_if(out, [&](const PolicyConfig& c) {
     return std::find(registered.begin(), registered.end(), c.policy) == registered.end();

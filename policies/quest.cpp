@@ -176,7 +176,10 @@ std::unique_ptr<PolicyFactory> make_quest_factory() {
       },
       // A budget above any context: every page read, through the explicit page lists, in every
       // layer (so the conformance suites exercise the selection path against `full`).
-      std::map<std::string, ParamValue>{{"budget_tokens", int64_t(1) << 40}, {"dense_layers", int64_t(0)}});
+      std::map<std::string, ParamValue>{{"budget_tokens", int64_t(1) << 40}, {"dense_layers", int64_t(0)}},
+      SimplePolicyFactory::Conformance{  // conformance suite: acting parameter sets (selects, never evicts)
+          {.params = {{"budget_tokens", int64_t(12)}, {"dense_layers", int64_t(1)}}},
+          {.params = {{"compression_ratio", 0.6}, {"dense_layers", int64_t(0)}, {"gqa", std::string("union")}}}});
 }
 
 }  // namespace kvlab

@@ -40,15 +40,10 @@ ScorerEntry random_scorer() {
 }
 
 std::unique_ptr<PolicyFactory> make_random_factory() {
-  ParamSpecs specs = budget_param_specs(0.0);
-  specs.push_back(compress_param_spec("prompt_end"));
-  return std::make_unique<SimplePolicyFactory>(
-      "random", "evicts uniformly at random (seeded by the sample) within the budget",
-      std::move(specs),
-      [](const ParamValues& p, const PolicyModelShape&) {
-        return make_uniform_scorer_policy(random_scorer(), p);
-      },
-      std::map<std::string, ParamValue>{{"compression_ratio", 0.0}});
+  return make_uniform_scorer_factory(
+      random_scorer, "evicts uniformly at random (seeded by the sample) within the budget", "prompt_end",
+      {{.params = {{"budget_tokens", int64_t(6)}, {"compress", std::string("every_step")}}, .evicts = true},
+       {.params = {{"compression_ratio", 0.75}}, .evicts = true}});  // conformance suite: acting sets
 }
 
 }  // namespace kvlab

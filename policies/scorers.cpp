@@ -37,4 +37,29 @@ std::unique_ptr<AttentionPolicy> make_uniform_scorer_policy(const ScorerEntry& e
                                          entry.protected_recent(p), !every));
 }
 
+ParamSpecs with_budget(ParamSpecs specs, const std::string& compress_default) {
+  for (ParamSpec& s : budget_param_specs(0.0)) specs.push_back(std::move(s));
+  specs.push_back(compress_param_spec(compress_default));
+  return specs;
+}
+
+std::unique_ptr<PolicyFactory> make_scorer_factory(std::string name, std::string doc, ParamSpecs specs,
+                                                   SimplePolicyFactory::CreateFn create,
+                                                   SimplePolicyFactory::Conformance conformance) {
+  return std::make_unique<SimplePolicyFactory>(std::move(name), std::move(doc), std::move(specs),
+                                               std::move(create),
+                                               std::map<std::string, ParamValue>{{"compression_ratio", 0.0}},
+                                               std::move(conformance));
+}
+
+std::unique_ptr<PolicyFactory> make_uniform_scorer_factory(ScorerEntry (*entry)(), std::string doc,
+                                                           const std::string& compress_default,
+                                                           SimplePolicyFactory::Conformance conformance) {
+  const ScorerEntry e = entry();
+  return make_scorer_factory(
+      e.name, std::move(doc), with_budget(e.params, compress_default),
+      [entry](const ParamValues& p, const PolicyModelShape&) { return make_uniform_scorer_policy(entry(), p); },
+      std::move(conformance));
+}
+
 }  // namespace kvlab

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "framework/policy/params.h"
+#include "framework/policy/simple_factory.h"
 #include "policies/scorer.h"
 
 namespace kvlab {
@@ -40,5 +41,20 @@ bool compresses_every_step(const ParamValues& p);
 // (budget.h) and `compress`, the entry's protected recent tokens inside the budget.
 std::unique_ptr<AttentionPolicy> make_uniform_scorer_policy(const ScorerEntry& entry,
                                                             const ParamValues& p);
+
+// `specs`, then compression_ratio/budget_tokens (budget.h; the ratio defaults to 0 as kvpress's:
+// an experiment states its budget) and `compress` with the given default.
+ParamSpecs with_budget(ParamSpecs specs, const std::string& compress_default);
+
+// The factory of a scorer-based policy: unlimited (equal to `full`) at compression_ratio 0;
+// `conformance`: its acting parameter sets (PolicyFactory::conformance_configs).
+std::unique_ptr<PolicyFactory> make_scorer_factory(std::string name, std::string doc, ParamSpecs specs,
+                                                   SimplePolicyFactory::CreateFn create,
+                                                   SimplePolicyFactory::Conformance conformance);
+
+// The factory of make_uniform_scorer_policy(entry(), ...): the entry's parameters with_budget.
+std::unique_ptr<PolicyFactory> make_uniform_scorer_factory(ScorerEntry (*entry)(), std::string doc,
+                                                           const std::string& compress_default,
+                                                           SimplePolicyFactory::Conformance conformance);
 
 }  // namespace kvlab

@@ -129,7 +129,11 @@ std::unique_ptr<PolicyFactory> make_sinks_factory() {
       SimplePolicyFactory::Conformance{  // conformance suite: acting parameter sets
           {.params = {{"sinks", int64_t(4)}, {"recent", int64_t(10)}}, .evicts = true, .sinks_param = "sinks"},
           {.params = {{"sinks", int64_t(2)}, {"recent", int64_t(7)}, {"rope_positions", std::string("original")}},
-           .evicts = true, .mask_based = true, .sinks_param = "sinks"}});
+           .evicts = true, .mask_based = true, .sinks_param = "sinks"},
+          // The budget convention (POLICIES.md 9; budget_policies_test checks it in detail).
+          {.params = {{"sinks", int64_t(2)}, {"compression_ratio", 0.5}, {"rope_positions", std::string("original")}},
+           .evicts = true, .mask_based = true, .sinks_param = "sinks"},
+          {.params = {{"sinks", int64_t(4)}, {"budget_tokens", int64_t(12)}}, .evicts = true, .sinks_param = "sinks"}});
 }
 
 }  // namespace kvlab

@@ -92,15 +92,6 @@ void check_kernel(const ParamValues& p) {
          p.get_int("kernel_size"));
 }
 
-ParamSpecs with_budget(ParamSpecs specs, const std::string& compress_default, double ratio_default) {
-  for (ParamSpec& s : budget_param_specs(ratio_default)) specs.push_back(std::move(s));
-  specs.push_back(compress_param_spec(compress_default));
-  return specs;
-}
-
-// As kvpress, compression_ratio defaults to 0 (nothing removed): an experiment states its budget.
-constexpr double kDefaultRatio = 0.0;
-
 }  // namespace
 
 ScorerEntry snapkv_scorer() {
@@ -117,13 +108,12 @@ ScorerEntry snapkv_scorer() {
 }
 
 std::unique_ptr<PolicyFactory> make_snapkv_factory() {
-  return std::make_unique<SimplePolicyFactory>(
-      "snapkv", "SnapKV: observation-window attention, pooled; compresses at the prompt end",
-      with_budget(snapkv_specs(), "prompt_end", kDefaultRatio),
-      [](const ParamValues& p, const PolicyModelShape&) {
-        return make_uniform_scorer_policy(snapkv_scorer(), p);
-      },
-      std::map<std::string, ParamValue>{{"compression_ratio", 0.0}});
+  return make_uniform_scorer_factory(
+      snapkv_scorer, "SnapKV: observation-window attention, pooled; compresses at the prompt end", "prompt_end",
+      {{.params = {{"compression_ratio", 0.5}, {"window", int64_t(4)}}, .evicts = true},  // conformance suite
+       {.params = {{"budget_tokens", int64_t(8)}, {"window", int64_t(3)}, {"kernel_size", int64_t(3)},
+                   {"pooling", std::string("max")}, {"compress", std::string("every_step")}},
+        .evicts = true}});
 }
 
 // The per-layer budgets of PyramidKV (top of file) for a mean of `mean` tokens per layer.
@@ -136,11 +126,11 @@ int64_t pyramid_layer_budget(int64_t mean, int64_t window, double beta, int laye
 }
 
 std::unique_ptr<PolicyFactory> make_pyramidkv_factory() {
-  ParamSpecs specs = with_budget(snapkv_specs(), "prompt_end", kDefaultRatio);
+  ParamSpecs specs = with_budget(snapkv_specs(), "prompt_end");
   specs.push_back({"beta", ParamType::kFloat, 20.0,
                    "pyramid steepness: the last layer keeps (B - window)/beta + window", 1.0,
                    std::nullopt, {}});
-  return std::make_unique<SimplePolicyFactory>(
+  return make_scorer_factory(
       "pyramidkv", "PyramidKV: SnapKV scores, budgets decreasing linearly with depth",
       std::move(specs),
       [](const ParamValues& p, const PolicyModelShape& shape) {
@@ -160,7 +150,10 @@ std::unique_ptr<PolicyFactory> make_pyramidkv_factory() {
         };
         return make_scorer_policy(e.make(p, every), std::move(plan));
       },
-      std::map<std::string, ParamValue>{{"compression_ratio", 0.0}});
+      {{.params = {{"compression_ratio", 0.5}, {"window", int64_t(2)}, {"beta", 2.0}}, .evicts = true},
+       {.params = {{"budget_tokens", int64_t(10)}, {"window", int64_t(2)}, {"beta", 4.0},
+                   {"compress", std::string("every_step")}},
+        .evicts = true}});  // conformance suite: acting sets
 }
 
 }  // namespace kvlab

@@ -70,16 +70,11 @@ ScorerEntry tova_scorer() {
 }
 
 std::unique_ptr<PolicyFactory> make_tova_factory() {
-  ParamSpecs specs = tova_specs();
-  for (ParamSpec& s : budget_param_specs(0.0)) specs.push_back(std::move(s));
-  specs.push_back(compress_param_spec("every_step"));
-  return std::make_unique<SimplePolicyFactory>(
-      "tova", "TOVA: evicts the keys the current query attends to least, after every step",
-      std::move(specs),
-      [](const ParamValues& p, const PolicyModelShape&) {
-        return make_uniform_scorer_policy(tova_scorer(), p);
-      },
-      std::map<std::string, ParamValue>{{"compression_ratio", 0.0}});
+  return make_uniform_scorer_factory(
+      tova_scorer, "TOVA: evicts the keys the current query attends to least, after every step", "every_step",
+      {{.params = {{"compression_ratio", 0.6}}, .evicts = true},  // conformance suite: acting sets
+       {.params = {{"budget_tokens", int64_t(7)}, {"gqa", std::string("layer")}}, .evicts = true},
+       {.params = {{"compression_ratio", 0.5}, {"compress", std::string("prompt_end")}}, .evicts = true}});
 }
 
 }  // namespace kvlab
