@@ -4,8 +4,8 @@
 // Default mode, "layers": the attention part of a decode step exactly as the engine runs it
 // (framework/engine/engine.cpp attend()), on a real KvStore filled with ctx random tokens per
 // layer (no model: the weights' matvecs do not depend on the policy), per layer: append the new
-// K/V, policy.select, attention() over the selection (tiled AVX2 kernel, key mass / rope at read
-// when the policy needs them), policy.after_attention, store.evict. The policy first sees the
+// K/V, policy.select, attention() over the selection (tiled AVX2 kernel, key mass, the observation
+// window's head mass, rope at read when the policy needs them), policy.after_attention, store.evict. The policy first sees the
 // context as prefill chunks of 512 (synthetic attention mass) so its state is built. Reported
 // per policy (min over the timed steps, robust to a shared machine):
 //   layers_ms     the 12 layers' attention part of one decode step
@@ -18,7 +18,8 @@
 // weights), then each policy on a fork of it; step_ms and the hook share of the real step.
 //
 // usage: kvlab_bench_policies [--contexts 4096,16384] [--threads 1,2] [--steps 8] [--warmup 2]
-//                             [--engine 1] [--prompt-end REPS]
+//                             [--engine 1] [--prompt-end REPS] [--only POLICY,POLICY]
+// "--only" runs just the cases of those policy types (and `full`, the ratios' base).
 // "--prompt-end REPS" runs only the prompt-end mode (run_prompt_end below).
 #include <algorithm>
 #include <chrono>
@@ -106,6 +107,22 @@ std::vector<Case> v3_cases() {
           {"tova 25% (every step)", "tova", r}};
 }
 
+std::vector<std::string> g_only;  // --only: policy types to run ("full" always runs)
+
+bool wanted(const Case& c) {
+  return g_only.empty() || c.policy == "full" || std::find(g_only.begin(), g_only.end(), c.policy) != g_only.end();
+}
+
+std::vector<std::string> parse_names(const std::string& s) {
+  std::vector<std::string> out;
+  for (size_t b = 0; b <= s.size();) {
+    const size_t e = std::min(s.find(',', b), s.size());
+    if (e > b) out.push_back(s.substr(b, e - b));
+    b = e + 1;
+  }
+  return out;
+}
+
 std::vector<int64_t> parse_list(const char* s) {
   std::vector<int64_t> out;
   for (const char* p = s; *p;) {
@@ -180,6 +197,7 @@ int run_engine(const std::vector<int64_t>& contexts, const std::vector<int64_t>&
       double full_ms = 0;
       std::vector<Case> all = cases(ctx);
       for (const Case& c : all) {
+        if (!wanted(c)) continue;
         double policy_ms = 0;
         auto p = std::make_unique<TimedPolicy>(registry.create(c.policy, c.params, shape), &policy_ms);
         const SeqId s = engine.fork(parent, std::move(p));
@@ -207,8 +225,9 @@ int run_engine(const std::vector<int64_t>& contexts, const std::vector<int64_t>&
 }
 
 
-// What StepStats::window_attention costs the engine at the prompt end (kernels/cpu/
-// attention_stats.h over every layer of a prefilled sequence, random queries): w = 64 rows
+// What StepStats::window_attention costs at the prompt end when computed apart from the
+// attention kernel (kernels/cpu/attention_stats.h, the device backends' path; the CPU path gets
+// it from the kernel) over every layer of a prefilled sequence, random queries: w = 64 rows
 // (SnapKV's window) and w = 1 (TOVA's last query).
 struct WindowCost {
   double w64 = 0, w1 = 0;
@@ -347,6 +366,12 @@ LayerResult run_layers_case(const ModelConfig& cfg, const PolicyRegistry& regist
       const LayerKv kv = store.layer(seq, layer);
       StepStats stats;
       stats.n_slots = kv.n_slots;
+      // The observation window as the engine computes it (attention_step.cpp, cpu_backend.cpp):
+      // from the attention kernel itself (head_mass) in timed steps, part of layers_ms.
+      std::vector<float> window;
+      const bool want_window = needs.observation_window > 0 && needs.observe_every_step;
+      const int rows = std::min(needs.observation_window, n_new);
+      if (want_window) window.assign(size_t(nh) * kv.n_slots, 0.f);
       if (timed) {
         AttentionArgs a;
         a.q = q.data(), a.n_rows = n_new, a.n_heads = nh, a.n_kv_heads = nkv, a.head_dim = hd;
@@ -363,6 +388,10 @@ LayerResult run_layers_case(const ModelConfig& cfg, const PolicyRegistry& regist
         if (needs.key_attention_mass) {
           mass.assign(size_t(nkv) * kv.n_slots, 0.f);
           a.key_mass = mass.data();
+        }
+        if (want_window) {
+          a.head_mass = window.data();
+          a.head_mass_first_row = n_new - rows;
         }
         a.out = out.data();
         attention(a, n_threads);
@@ -382,18 +411,13 @@ LayerResult run_layers_case(const ModelConfig& cfg, const PolicyRegistry& regist
         for (auto& x : mass) x = ud(rng);
       }
       stats.key_mass = needs.key_attention_mass ? std::span<const float>(mass) : std::span<const float>();
-      // The observation window as the engine computes it (attention_step.cpp), timed as the
-      // policy's cost: it is computed only because the policy asks.
-      std::vector<float> window;
-      if (needs.observation_window > 0 && needs.observe_every_step) {
+      if (want_window && !timed) {  // untimed prefill steps: the separate reference pass
         AttentionArgs a = attention_args(q.data(), n_new, nh, nkv, hd, positions.data(), kv,
                                          1.f / std::sqrt(float(hd)));
         a.selection = &sel;
-        window.assign(size_t(nh) * kv.n_slots, 0.f);
-        const int rows = std::min(needs.observation_window, n_new);
-        t0 = Clock::now();
         window_attention(a, n_new - rows, window.data());
-        if (policy_ms) *policy_ms += ms_since(t0);
+      }
+      if (want_window) {
         stats.window_attention = window;
         stats.window_rows = rows;
       }
@@ -431,6 +455,7 @@ int run_layers(const std::vector<int64_t>& contexts, const std::vector<int64_t>&
     for (int64_t nthr : threads) {
       double full_ms = 0;
       for (const Case& c : cases(ctx)) {
+        if (!wanted(c)) continue;
         const LayerResult r = run_layers_case(cfg, registry, c, ctx, int(nthr), steps, warmup);
         if (c.policy == "full") full_ms = r.layers_ms;
         std::printf("%-30s %6lld %3lld %10.3f %8.3f %10.3f %11.3f %9.3f\n", c.label.c_str(),
@@ -455,6 +480,7 @@ int run(int argc, char** argv) {
     else if (a == "--warmup") warmup = std::atoi(argv[i + 1]);
     else if (a == "--engine") engine = std::atoi(argv[i + 1]) != 0;
     else if (a == "--prompt-end") prompt_end = std::atoi(argv[i + 1]);
+    else if (a == "--only") g_only = parse_names(argv[i + 1]);
     else { std::fprintf(stderr, "unknown option %s\n", a.c_str()); return 2; }
   }
   if (prompt_end > 0) return run_prompt_end(contexts, threads, prompt_end);

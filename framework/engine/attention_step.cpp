@@ -55,6 +55,12 @@ void AttentionStep::prepare(Group& g, int layer, float* q, const float* k, const
     cache_rank_positions(kv, s.key_rope_pos.data());
   }
   if (s.needs.key_attention_mass) s.key_mass.assign(static_cast<size_t>(nkv) * kv.n_slots, 0.f);
+  // The observation window: the backend's attention fills it (AttentionArgs::head_mass) when it
+  // can, else finish() computes it.
+  const int window = s.needs.observation_window;
+  s.window_rows = window > 0 && (g.prompt_end || s.needs.observe_every_step) ? std::min(window, g.n_rows) : 0;
+  s.window_by_kernel = false;
+  if (s.window_rows > 0) s.window_attention.assign(static_cast<size_t>(nh) * kv.n_slots, 0.f);
 }
 
 bool AttentionStep::finish(Group& g, int layer, const float* out) {
@@ -65,20 +71,19 @@ bool AttentionStep::finish(Group& g, int layer, const float* out) {
   StepStats stats;
   stats.n_slots = kv.n_slots;
   if (s.needs.key_attention_mass) stats.key_mass = s.key_mass;
-  const int window = s.needs.observation_window;
-  if (window > 0 && (g.prompt_end || s.needs.observe_every_step)) {
-    const int rows = std::min(window, g.n_rows);
-    AttentionArgs a = attention_args(g.q, g.n_rows, c_.n_heads, c_.n_kv_heads, c_.head_dim,
-                                     g.positions.data(), kv, 1.f / std::sqrt(float(c_.head_dim)));
-    a.selection = &s.selection;
-    if (s.needs.rope_at_cache_position) {
-      a.key_rope_pos = s.key_rope_pos.data();
-      a.rope = &rope_;
+  if (s.window_rows > 0) {
+    if (!s.window_by_kernel) {
+      AttentionArgs a = attention_args(g.q, g.n_rows, c_.n_heads, c_.n_kv_heads, c_.head_dim,
+                                       g.positions.data(), kv, 1.f / std::sqrt(float(c_.head_dim)));
+      a.selection = &s.selection;
+      if (s.needs.rope_at_cache_position) {
+        a.key_rope_pos = s.key_rope_pos.data();
+        a.rope = &rope_;
+      }
+      window_attention(a, g.n_rows - s.window_rows, s.window_attention.data());
     }
-    s.window_attention.assign(static_cast<size_t>(c_.n_heads) * kv.n_slots, 0.f);
-    window_attention(a, g.n_rows - rows, s.window_attention.data());
     stats.window_attention = s.window_attention;
-    stats.window_rows = rows;
+    stats.window_rows = s.window_rows;
   }
   evictions_.clear(c_.n_kv_heads);
   s.policy->after_attention(g.step, stats, evictions_);

@@ -63,6 +63,11 @@ class CpuBackend final : public Backend {
       a.rope = &rope_;
     }
     if (s.needs.key_attention_mass) a.key_mass = s.key_mass.data();
+    if (s.window_rows > 0) {  // the observation window from the same pass (no key read twice)
+      a.head_mass = s.window_attention.data();
+      a.head_mass_first_row = g.n_rows - s.window_rows;
+      s.window_by_kernel = true;
+    }
     a.out = out;
     // The attention kernels thread with OpenMP (its own team, outside our pool's jobs). Short
     // attention (decode at short contexts, tiny models) stays on this thread: a fork-join costs

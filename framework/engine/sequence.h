@@ -55,6 +55,8 @@ struct Sequence {
   KeySelection selection;             // arrives select_all(); the policy's choice
   std::vector<float> key_mass;        // [n_kv_heads, n_slots] zeroed when the policy asks
   std::vector<float> window_attention;  // [n_heads, n_slots] (PolicyNeeds::observation_window)
+  int window_rows = 0;                // rows of this layer's observation window (0: none now)
+  bool window_by_kernel = false;      // the backend's attention filled window_attention
   std::vector<int32_t> key_rope_pos;  // [n_slots, n_kv_heads] cache ranks (rope_at_cache_position)
 };
 

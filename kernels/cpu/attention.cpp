@@ -13,6 +13,7 @@
 // col_j = sum_q exp(S[q][j] - LSE_q) are formed from them, so no key is read twice. Column sums
 // go into key_mass directly on one thread (items run in order), else into per-item buffers that
 // are added per KV head in item order afterwards: the same sums in the same order either way.
+// head_mass is formed from the same kept scores, one row per query of the window.
 //
 // This file is compiled twice (cpu_path.h): as itself, the portable instance (plain loops, the
 // build's baseline ISA; it also holds the dispatching attention()), and through
@@ -422,29 +423,47 @@ void tile_scores(const ItemQueries& iq, const KeyTile& t, const Scratch& sc, flo
   }
 }
 
-// Column sums of one item: where its keys go when key_mass is set.
+// Column sums of one item: where its keys go when key_mass / head_mass is set.
 struct ItemMass {
   std::vector<int32_t> slot;  // [n_keys] in walk order
-  std::vector<float> mass;    // [n_keys] sum over the item's queries of exp(s - LSE)
+  std::vector<float> mass;    // [n_keys] sum over the item's queries of exp(s - LSE) (key_mass)
+  std::vector<int> head;      // [n_window] query head of each window query (head_mass)
+  std::vector<float> head_p;  // [n_window][n_keys] its exp(s - LSE)
 };
 
-// Adds an item's column sums into key_mass[g, :].
-void add_item_mass(const AttentionArgs& a, int g, const int32_t* slot, const float* mass, size_t n) {
-  float* dst = a.key_mass + static_cast<size_t>(g) * a.kv.n_slots;
-  for (size_t j = 0; j < n; ++j) dst[slot[j]] += mass[j];
+// Adds n values at slots into dst[slot[j]].
+void add_at(float* dst, const int32_t* slot, const float* x, size_t n) {
+  for (size_t j = 0; j < n; ++j) dst[slot[j]] += x[j];
+}
+
+// Adds a buffered item's sums into key_mass[g, :] and head_mass[its heads, :].
+void add_item_mass(const AttentionArgs& a, int g, const ItemMass& m) {
+  const size_t n = m.slot.size(), n_slots = static_cast<size_t>(a.kv.n_slots);
+  if (a.key_mass != nullptr) add_at(a.key_mass + g * n_slots, m.slot.data(), m.mass.data(), n);
+  for (size_t w = 0; w < m.head.size(); ++w)
+    add_at(a.head_mass + m.head[w] * n_slots, m.slot.data(), m.head_p.data() + w * n, n);
 }
 
 // From the scores kept in sc.raw_* during run_item: col_j = sum_q exp(S[q][j] - LSE_q), summed
-// over q in order (queries with LSE = -inf saw nothing and add nothing). Added to key_mass
-// directly when `direct`, else stored in `item_mass`.
-void item_key_mass(const AttentionArgs& a, const WorkItem& it, int n_q, const float* lse,
+// over q in order (queries with LSE = -inf saw nothing and add nothing), and for each window
+// query (row >= head_mass_first_row) its own row exp(S[q][j] - LSE_q). Added to key_mass /
+// head_mass directly when `direct`, else stored in `item_mass`.
+void item_key_mass(const AttentionArgs& a, const WorkItem& it, const ItemQueries& iq, const float* lse,
                    Scratch& sc, bool direct, ItemMass* item_mass) {
-  const size_t n_tiles = sc.raw_n.size();
+  const int n_q = iq.n;
+  const size_t n_tiles = sc.raw_n.size(), n_slots = static_cast<size_t>(a.kv.n_slots);
+  int window[kMaxQ], n_window = 0;  // the window queries, in q order
+  if (a.head_mass != nullptr)
+    for (int q = 0; q < n_q; ++q)
+      if (iq.row[q] >= a.head_mass_first_row && lse[q] != kNegInf) window[n_window++] = q;
+  size_t n_keys = 0;
+  for (int n : sc.raw_n) n_keys += n;
   if (!direct) {
-    size_t n_keys = 0;
-    for (int n : sc.raw_n) n_keys += n;
     item_mass->slot.resize(n_keys);
-    item_mass->mass.resize(n_keys);
+    if (a.key_mass != nullptr) item_mass->mass.resize(n_keys);
+    item_mass->head.resize(n_window);
+    for (int w = 0; w < n_window; ++w) item_mass->head[w] = iq.head[window[w]];
+    item_mass->head_p.resize(n_window * n_keys);
   }
   size_t out = 0;
   for (size_t ti = 0; ti < n_tiles; ++ti) {
@@ -452,29 +471,38 @@ void item_key_mass(const AttentionArgs& a, const WorkItem& it, int n_q, const fl
     const int32_t* slot = sc.raw_slot.data() + ti * kTile;
     const int n = sc.raw_n[ti];
     alignas(32) float col[kTile] = {};
+    alignas(32) float p[kTile];
+    int w = 0;  // next window query
     for (int q = 0; q < n_q; ++q) {
       if (lse[q] == kNegInf) continue;
       const float* row = S + static_cast<size_t>(q) * kTile;
 #if KVLAB_ATTENTION_AVX2
       const __m256 l = _mm256_set1_ps(lse[q]);
-      for (int j = 0; j < kTile; j += 8)
-        _mm256_store_ps(col + j, _mm256_add_ps(_mm256_load_ps(col + j),
-                                               exp8(_mm256_sub_ps(_mm256_loadu_ps(row + j), l))));
+      for (int j = 0; j < kTile; j += 8) _mm256_store_ps(p + j, exp8(_mm256_sub_ps(_mm256_loadu_ps(row + j), l)));
 #else
-      for (int j = 0; j < n; ++j) col[j] += std::exp(row[j] - lse[q]);
+      for (int j = 0; j < n; ++j) p[j] = std::exp(row[j] - lse[q]);
 #endif
+      if (a.key_mass != nullptr)
+        for (int j = 0; j < n; ++j) col[j] += p[j];
+      if (w < n_window && window[w] == q) {
+        if (direct)
+          add_at(a.head_mass + iq.head[q] * n_slots, slot, p, n);
+        else
+          std::copy(p, p + n, item_mass->head_p.begin() + static_cast<ptrdiff_t>(w * n_keys + out));
+        ++w;
+      }
     }
     if (direct) {
-      add_item_mass(a, it.kv_head, slot, col, n);
+      if (a.key_mass != nullptr) add_at(a.key_mass + it.kv_head * n_slots, slot, col, n);
     } else {
       std::copy(slot, slot + n, item_mass->slot.begin() + static_cast<ptrdiff_t>(out));
-      std::copy(col, col + n, item_mass->mass.begin() + static_cast<ptrdiff_t>(out));
-      out += n;
+      if (a.key_mass != nullptr) std::copy(col, col + n, item_mass->mass.begin() + static_cast<ptrdiff_t>(out));
     }
+    out += n;
   }
 }
 
-// One work item of the main pass. With key_mass set, the column sums go to key_mass directly
+// One work item of the main pass. With key_mass / head_mass set, the sums go to them directly
 // (`direct`) or into *item_mass.
 void run_item(const AttentionArgs& a, const WorkItem& it, float* lse_all, bool direct,
               ItemMass* item_mass) {
@@ -488,7 +516,7 @@ void run_item(const AttentionArgs& a, const WorkItem& it, float* lse_all, bool d
   KeyTile t;
   float* S = sc.s.data();
   const bool simd = KVLAB_ATTENTION_AVX2 && D % 8 == 0;
-  const bool mass = a.key_mass != nullptr;
+  const bool mass = a.key_mass != nullptr || a.head_mass != nullptr;
   if (mass) { sc.raw_s.clear(); sc.raw_slot.clear(); sc.raw_n.clear(); }
   while (walker.next(t)) {
     tile_scores(iq, t, sc, S, D);
@@ -569,7 +597,7 @@ void run_item(const AttentionArgs& a, const WorkItem& it, float* lse_all, bool d
   if (mass) {
     float lse[kMaxQ];
     for (int q = 0; q < iq.n; ++q) lse[q] = softmax_lse(st[q]);
-    item_key_mass(a, it, iq.n, lse, sc, direct, item_mass);
+    item_key_mass(a, it, iq, lse, sc, direct, item_mass);
   }
 }
 
@@ -601,12 +629,13 @@ void attention_tiled_portable(const AttentionArgs& a, int n_threads) {
   const std::vector<WorkItem> items = make_items(a);
   const int n_items = static_cast<int>(items.size());
   const bool parallel = n_threads > 1 && n_items > 1;
-  // key_mass: one thread runs the items in order and adds as it goes; several threads would
-  // race (and add in a schedule-dependent order), so each item keeps its column sums and they
-  // are added afterwards per KV head in item order -- the same sums in the same order.
+  // key_mass / head_mass: one thread runs the items in order and adds as it goes; several
+  // threads would race (and add in a schedule-dependent order), so each item keeps its sums and
+  // they are added afterwards per KV head in item order -- the same sums in the same order (an
+  // item's heads belong to its KV head).
   const bool direct = !parallel;
   std::vector<ItemMass> item_mass;
-  if (a.key_mass != nullptr && !direct) item_mass.resize(items.size());
+  if ((a.key_mass != nullptr || a.head_mass != nullptr) && !direct) item_mass.resize(items.size());
 #pragma omp parallel for num_threads(n_threads) schedule(dynamic, 1) if (parallel)
   for (int i = 0; i < n_items; ++i)
     run_item(a, items[i], a.lse, direct, item_mass.empty() ? nullptr : &item_mass[i]);
@@ -616,9 +645,7 @@ void attention_tiled_portable(const AttentionArgs& a, int n_threads) {
 #pragma omp parallel for num_threads(n_threads) schedule(dynamic, 1) if (Hkv > 1)
   for (int g = 0; g < Hkv; ++g)
     for (int i = 0; i < n_items; ++i)
-      if (items[i].kv_head == g)
-        add_item_mass(a, g, item_mass[i].slot.data(), item_mass[i].mass.data(),
-                      item_mass[i].slot.size());
+      if (items[i].kv_head == g) add_item_mass(a, g, item_mass[i]);
 }
 
 #if !KVLAB_ATTENTION_AVX2

@@ -10,17 +10,20 @@
 // key_mass (optional) accumulates, for every slot j and KV head g,
 //   key_mass[g * n_slots + j] += sum_r sum_{h in group g} p_j(r, h)
 // i.e. H2O's per-step column sums (POLICIES.md section 5), the group summed under GQA.
+// head_mass (optional) accumulates the same per QUERY head over the last rows only,
+//   head_mass[h * n_slots + j] += sum_{r >= head_mass_first_row} p_j(r, h)
+// (StepStats::window_attention: SnapKV's observation window, TOVA's last query).
 //
 // attention_naive materialises each score row (the reference). attention() never does: it walks
 // the keys tile by tile with the online-softmax recurrence (kernels/common/online_softmax.h),
 // loading each key once for all query vectors that share it (the G heads of a group, and with a
 // full selection several rows), with AVX2+FMA dot products and exp (or, on the portable path
 // of a CPU without them, plain loops and std::exp). Its output does not depend on
-// the tile size beyond float rounding. key_mass reads no key twice: the raw scores of a work item
-// are kept in per-thread scratch and turned into exp(s_j - LSE) once the item's LSEs are known.
-// Threads (OpenMP, the engine's team) split work items (block of rows, KV head); with several
-// threads each item's key_mass column sums are buffered and added per KV head in item order.
-// Results (out, lse, key_mass) are bitwise independent of n_threads.
+// the tile size beyond float rounding. key_mass and head_mass read no key twice: the raw scores of
+// a work item are kept in per-thread scratch and turned into exp(s_j - LSE) once the item's LSEs
+// are known. Threads (OpenMP, the engine's team) split work items (block of rows, KV head); with
+// several threads each item's sums are buffered and added per KV head in item order.
+// Results (out, lse, key_mass, head_mass) are bitwise independent of n_threads.
 //
 // Contract: the ranges of the rows read lie in [0, n_slots) (std::invalid_argument otherwise);
 // the selection has n_kv_heads lists per row and rows [selection_row, selection_row + n_rows).
@@ -53,6 +56,8 @@ struct AttentionArgs {
   float* out = nullptr;       // [n_rows, n_heads, head_dim]
   float* lse = nullptr;       // optional [n_rows, n_heads], natural log
   float* key_mass = nullptr;  // optional [n_kv_heads, n_slots], accumulated (+=)
+  float* head_mass = nullptr;  // optional [n_heads, n_slots], accumulated (+=) over rows >= ...
+  int head_mass_first_row = 0;  // ... this one, in [0, n_rows]
 };
 
 // The fields every call sets: q [n_rows, n_heads, head_dim] at q_positions [n_rows] over kv,

@@ -23,6 +23,7 @@ inline void check_attention_args(const AttentionArgs& a) {
   if (a.n_rows > 0 && (a.q == nullptr || a.q_positions == nullptr || a.out == nullptr))
     bad("q, q_positions and out are required");
   if (a.rope == nullptr && a.key_rope_pos != nullptr) bad("key_rope_pos without a rope table");
+  if (a.head_mass_first_row < 0 || a.head_mass_first_row > a.n_rows) bad("head_mass_first_row out of [0, n_rows]");
   if (a.rope != nullptr && a.key_rope_pos == nullptr && a.kv.n_slots > 0)
     bad("rope at read needs key_rope_pos");
   if (a.rope != nullptr && a.rope->head_dim() != a.head_dim) bad("rope table head_dim differs");

@@ -52,6 +52,9 @@ void attention_naive(const AttentionArgs& a) {
       if (a.key_mass != nullptr)
         for (size_t j = 0; j < slots.size(); ++j)
           a.key_mass[static_cast<size_t>(g) * kv.n_slots + slots[j]] += static_cast<float>(ref.p[j]);
+      if (a.head_mass != nullptr && r >= a.head_mass_first_row)
+        for (size_t j = 0; j < slots.size(); ++j)
+          a.head_mass[static_cast<size_t>(h) * kv.n_slots + slots[j]] += static_cast<float>(ref.p[j]);
       if (a.lse != nullptr)
         a.lse[static_cast<size_t>(r) * a.n_heads + h] =
             slots.empty() ? -std::numeric_limits<float>::infinity() : static_cast<float>(ref.lse);

@@ -110,7 +110,7 @@ KeySelection random_selection(int rows, int H, int n_slots, std::mt19937& rng) {
 }
 
 struct Outputs {
-  std::vector<float> out, lse, mass;
+  std::vector<float> out, lse, mass, head;  // head: head_mass
 };
 
 // The paths attention() can take on this CPU.
@@ -130,6 +130,10 @@ Outputs run(const AttentionArgs& base, bool fast, int threads, CpuPath path = cp
   if (base.key_mass != nullptr) {
     o.mass.assign(static_cast<size_t>(base.n_kv_heads) * base.kv.n_slots, 0.5f);  // accumulates
     a.key_mass = o.mass.data();
+  }
+  if (base.head_mass != nullptr) {
+    o.head.assign(static_cast<size_t>(base.n_heads) * base.kv.n_slots, 0.25f);  // accumulates
+    a.head_mass = o.head.data();
   }
   if (fast) {
     attention(a, threads, path);
@@ -155,8 +159,9 @@ Outputs run(const AttentionArgs& base, bool fast, int threads, CpuPath path = cp
 //  - LSE = m + log l: |d LSE| <= 2 ds_max + gamma(2n) + 6u + u |LSE|
 //  - key_mass_j = initial + sum over the Q = rows * G queries of p_j, formed as exp(s_j - LSE):
 //      |d mass_j| <= mass_j (3 ds_max + gamma(2n) + 10u + u max|LSE| + gamma(Q + 1))
+//  - head_mass_j: the same with Q = the window's rows (one head's probabilities)
 struct Tolerances {
-  std::vector<float> out, lse, mass;
+  std::vector<float> out, lse, mass, head;
 };
 
 double gamma_n(double n) {
@@ -186,6 +191,7 @@ Tolerances tolerances(const AttentionArgs& a, const Outputs& ref) {
   AttentionArgs m = a;
   m.kv.view.v_data = abs_v.data();
   m.key_mass = nullptr;
+  m.head_mass = nullptr;
   const Outputs mag = run(m, false, 1);
   Tolerances t;
   const double f_out = 2 * ds + 2 * gamma_n(2.0 * n) + 8 * kU;
@@ -197,6 +203,9 @@ Tolerances tolerances(const AttentionArgs& a, const Outputs& ref) {
   }
   const double f_mass = 3 * ds + gamma_n(2.0 * n) + 10 * kU + kU * lse_max + gamma_n(a.n_rows * (a.n_heads / H) + 1.0);
   for (float x : ref.mass) t.mass.push_back(static_cast<float>(x * f_mass));
+  const double f_head = 3 * ds + gamma_n(2.0 * n) + 10 * kU + kU * lse_max +
+                        gamma_n(a.n_rows - a.head_mass_first_row + 1.0);
+  for (float x : ref.head) t.head.push_back(static_cast<float>(x * f_head));
   return t;
 }
 
@@ -214,6 +223,9 @@ void expect_close(const Outputs& ref, const Outputs& got, const Tolerances& tol,
   }
   for (size_t i = 0; i < ref.mass.size(); ++i)
     ASSERT_NEAR(ref.mass[i], got.mass[i], tol.mass[i]) << what << " mass[" << i << "]";
+  ASSERT_EQ(ref.head.size(), got.head.size()) << what;
+  for (size_t i = 0; i < ref.head.size(); ++i)
+    ASSERT_NEAR(ref.head[i], got.head[i], tol.head[i]) << what << " head_mass[" << i << "]";
 }
 
 void expect_close(const AttentionArgs& a, const Outputs& ref, const Outputs& got, const std::string& what) {
@@ -251,6 +263,10 @@ TEST(Attention, TiledEqualsNaiveSweep) {
           a.selection = mode == 0 ? nullptr : &sel;
           float dummy = 0;
           a.key_mass = (rng() % 2) ? &dummy : nullptr;  // run() substitutes a real buffer
+          if (rng() % 2) {  // the observation window: the last rows (all, some, or none)
+            a.head_mass = &dummy;
+            a.head_mass_first_row = static_cast<int>(rng() % (rows + 1));
+          }
           if (rope_at_read) {
             a.rope = &table;
             a.key_rope_pos = rank.data();
@@ -266,6 +282,7 @@ TEST(Attention, TiledEqualsNaiveSweep) {
               if (threads == 2) {
                 ASSERT_EQ(first.out, got.out);
                 ASSERT_EQ(first.mass, got.mass);
+                ASSERT_EQ(first.head, got.head);
               }
               expect_close(ref, got, tol, "bs " + std::to_string(bs) + " D " + std::to_string(D) + " G " +
                                               std::to_string(G) + " H " + std::to_string(H) + " n " +
@@ -331,7 +348,7 @@ TEST(Attention, KeyMassSumsToRowsTimesGroup) {
 }
 
 TEST(Attention, KeyMassChangesNothingElseAndIsThreadIndependent) {
-  // key_mass comes from scores kept during the main pass: asking for it leaves out and lse
+  // key_mass (and head_mass) come from scores kept during the main pass: asking for it leaves out and lse
   // bitwise unchanged, and with many items per KV head (prefill-like: 40 rows, full selection
   // and explicit) the per-item buffers added in item order give the one-thread sums exactly.
   std::mt19937 rng(21);
@@ -362,6 +379,18 @@ TEST(Attention, KeyMassChangesNothingElseAndIsThreadIndependent) {
         ASSERT_EQ(one.lse, got.lse) << what << " threads " << threads;
         ASSERT_EQ(one.mass, got.mass) << what << " threads " << threads;
       }
+      // The observation window's head mass (the last 7 rows) as well: out, lse and key_mass
+      // stay bitwise; the head mass is thread-independent too and equals the reference's.
+      AttentionArgs w = a;
+      w.head_mass = &dummy;
+      w.head_mass_first_row = rows - 7;
+      const Outputs wref = run(w, false, 1);
+      const Outputs wone = run(w, true, 1, path);
+      ASSERT_EQ(one.out, wone.out) << what;
+      ASSERT_EQ(one.lse, wone.lse) << what;
+      ASSERT_EQ(one.mass, wone.mass) << what;
+      expect_close(w, wref, wone, what + " head_mass");
+      for (int threads : {2, 3}) ASSERT_EQ(wone.head, run(w, true, threads, path).head) << what << " threads " << threads;
     }
   }
 }
