@@ -419,18 +419,25 @@ std::vector<Outcome> run_all(const PolicyRegistry& registry, const std::vector<s
   }
   for (const auto* list : {&simulator_checks(), &engine_checks()})
     for (const Check& check : *list) {
-      if (!check.per_config) {
-        for (const std::string& n : names) {
-          out.push_back({check.name, n, run_check(check, registry, Case{n, {}, false})});
-          if (each) each(out.back());
-        }
-        continue;
-      }
-      for (const Case& c : all) {
-        out.push_back({check.name, c.describe(), run_check(check, registry, c)});
-        if (each) each(out.back());
-      }
+      std::vector<Outcome> o = run_check_over(check, registry, names, all, each);
+      out.insert(out.end(), o.begin(), o.end());
     }
+  return out;
+}
+
+std::vector<Outcome> run_check_over(const Check& check, const PolicyRegistry& registry,
+                                    const std::vector<std::string>& names, const std::vector<Case>& all,
+                                    const std::function<void(const Outcome&)>& each) {
+  std::vector<Outcome> out;
+  auto add = [&](std::string subject, const Case& c) {
+    out.push_back({check.name, std::move(subject), run_check(check, registry, c)});
+    if (each) each(out.back());
+  };
+  if (check.per_config) {
+    for (const Case& c : all) add(c.describe(), c);
+  } else {
+    for (const std::string& n : names) add(n, Case{n, {}, false});
+  }
   return out;
 }
 

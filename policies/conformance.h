@@ -72,6 +72,10 @@ struct Outcome {
 };
 std::vector<Outcome> run_all(const PolicyRegistry& registry, const std::vector<std::string>& names,
                              const std::function<void(const Outcome&)>& each = {});
+// One check over `all` (the cases of `names`), or once per name when it is per policy.
+std::vector<Outcome> run_check_over(const Check& check, const PolicyRegistry& registry,
+                                    const std::vector<std::string>& names, const std::vector<Case>& all,
+                                    const std::function<void(const Outcome&)>& each = {});
 
 // ---- pieces the gtest suites reuse for their built-in-specific tests ------------------------
 namespace engine {

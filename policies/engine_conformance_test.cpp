@@ -51,17 +51,12 @@ std::unique_ptr<AttentionPolicy> make(const Config& c) {
 
 // Runs `check` on every case (or every policy); returns how many ran (not skipped).
 int expect_passes(const std::string& check_name) {
-  const conformance::Check& check = conformance::check_named(check_name);
-  std::vector<Case> all = conformance::cases(registry(), registry().names());
-  if (!check.per_config) {
-    all.clear();
-    for (const std::string& n : registry().names()) all.push_back({n, {}, false});
-  }
   int ran = 0;
-  for (const Case& c : all) {
-    const Verdict v = conformance::run_check(check, registry(), c);
-    EXPECT_NE(v.kind, Verdict::kFail) << check_name << " " << c.describe() << ": " << v.detail;
-    ran += v.kind == Verdict::kPass;
+  for (const conformance::Outcome& o : conformance::run_check_over(
+           conformance::check_named(check_name), registry(), registry().names(),
+           conformance::cases(registry(), registry().names()))) {
+    EXPECT_NE(o.verdict.kind, Verdict::kFail) << check_name << " " << o.subject << ": " << o.verdict.detail;
+    ran += o.verdict.kind == Verdict::kPass;
   }
   return ran;
 }

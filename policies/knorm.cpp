@@ -32,15 +32,7 @@ class KnormScorer final : public KeyScorer {
 
 }  // namespace
 
-ScorerEntry knorm_scorer() {
-  ScorerEntry e;
-  e.name = "knorm";
-  e.make = [](const ParamValues&, bool) -> std::unique_ptr<KeyScorer> {
-    return std::make_unique<KnormScorer>();
-  };
-  e.protected_recent = [](const ParamValues&) { return int64_t(0); };
-  return e;
-}
+ScorerEntry knorm_scorer() { return parameterless_scorer<KnormScorer>("knorm"); }
 
 std::unique_ptr<PolicyFactory> make_knorm_factory() {
   return make_uniform_scorer_factory(

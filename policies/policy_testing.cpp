@@ -8,6 +8,7 @@
 #include <limits>
 
 #include "framework/core/error.h"
+#include "framework/core/splitmix.h"
 #include "kernels/testing/reference_attention.h"
 #include "policies/builtin.h"
 #include "policies/duo_heads.h"
@@ -124,21 +125,12 @@ void FakeLayerCache::compact() {
   ++compactions_;
 }
 
-namespace {
-uint64_t splitmix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-}  // namespace
-
 void generate(const SimOptions& o, uint64_t seed, int layer, int64_t position, int kind, float* out) {
   const int rows = kind == 0 ? o.n_heads : o.n_kv_heads;
   const float scale = kind == 0 ? o.query_scale : 1.f;
-  uint64_t st = splitmix(seed * 1000003ull + uint64_t(layer) * 7919ull + uint64_t(position) * 31ull + uint64_t(kind));
+  uint64_t st = splitmix64(seed * 1000003ull + uint64_t(layer) * 7919ull + uint64_t(position) * 31ull + uint64_t(kind));
   for (int i = 0; i < rows * o.head_dim; ++i) {
-    st = splitmix(st);
+    st = splitmix64(st);
     out[i] = scale * (float(st >> 40) / float(1ull << 24) * 2.f - 1.f);
   }
 }

@@ -2,6 +2,7 @@
 // scoring method must beat. The score of (layer, KV head, position) is a SplitMix64 hash of the
 // sample's seed (LayerStep::seed) and those three, so a seed gives the same choice on every run
 // and machine, and different samples different choices. Compresses at the prompt end by default.
+#include "framework/core/splitmix.h"
 #include "framework/policy/simple_factory.h"
 #include "policies/budget.h"
 #include "policies/builtin.h"
@@ -9,13 +10,6 @@
 
 namespace kvlab {
 namespace {
-
-uint64_t splitmix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
 
 class RandomScorer final : public KeyScorer {
  public:
@@ -29,15 +23,7 @@ class RandomScorer final : public KeyScorer {
 
 }  // namespace
 
-ScorerEntry random_scorer() {
-  ScorerEntry e;
-  e.name = "random";
-  e.make = [](const ParamValues&, bool) -> std::unique_ptr<KeyScorer> {
-    return std::make_unique<RandomScorer>();
-  };
-  e.protected_recent = [](const ParamValues&) { return int64_t(0); };
-  return e;
-}
+ScorerEntry random_scorer() { return parameterless_scorer<RandomScorer>("random"); }
 
 std::unique_ptr<PolicyFactory> make_random_factory() {
   return make_uniform_scorer_factory(

@@ -13,6 +13,19 @@
 
 namespace kvlab {
 
+PolicyNeeds WindowScorer::needs() const {
+  PolicyNeeds n;
+  n.observation_window = window_;
+  n.observe_every_step = every_step_;
+  return n;
+}
+
+const float* WindowScorer::window_of(const StepStats& stats, int h) const {
+  if (stats.window_attention.empty())
+    fail(name_, ": no observation-window attention at this step (PolicyNeeds::observation_window)");
+  return stats.window_attention.data() + size_t(h) * stats.n_slots;
+}
+
 // Ratios round up: a short sequence keeps at least one token of each non-zero kind. (Rounding
 // down would evict everything during the first 1/ratio tokens of a stream, sinks included.)
 // Counts saturate at 2^53 tokens (more than any sequence holds): the parameters are finite and

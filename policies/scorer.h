@@ -99,6 +99,25 @@ class KeyScorer {
   virtual void reset() {}
 };
 
+// A scorer over StepStats::window_attention (SnapKV's observation window, TOVA's last query):
+// asks for `window` rows at the prompt end, or after every step.
+class WindowScorer : public KeyScorer {
+ public:
+  WindowScorer(const char* name, int window, bool every_step)
+      : name_(name), window_(window), every_step_(every_step) {}
+  PolicyNeeds needs() const override;
+
+ protected:
+  // Query head h's window probabilities [n_slots]; an Error naming the scorer when the step
+  // has none.
+  const float* window_of(const StepStats& stats, int h) const;
+
+ private:
+  const char* name_;
+  int window_;
+  bool every_step_;
+};
+
 class ScorerPolicy : public AttentionPolicy {
  public:
   // The first form: after every step, per KV head, sinks + recent + keep (scaled per layer by

@@ -26,6 +26,16 @@ struct ScorerEntry {
   std::function<int64_t(const ParamValues&)> protected_recent;
 };
 
+// A scorer without parameters or protected tokens (knorm, random).
+template <class Scorer>
+ScorerEntry parameterless_scorer(std::string name) {
+  ScorerEntry e;
+  e.name = std::move(name);
+  e.make = [](const ParamValues&, bool) -> std::unique_ptr<KeyScorer> { return std::make_unique<Scorer>(); };
+  e.protected_recent = [](const ParamValues&) { return int64_t(0); };
+  return e;
+}
+
 ScorerEntry snapkv_scorer();
 ScorerEntry tova_scorer();
 ScorerEntry knorm_scorer();

@@ -28,28 +28,19 @@
 namespace kvlab {
 namespace {
 
-class SnapKvScorer final : public KeyScorer {
+class SnapKvScorer final : public WindowScorer {
  public:
   SnapKvScorer(int window, int kernel, bool max_pool, bool every_step)
-      : window_(window), kernel_(kernel), max_pool_(max_pool), every_step_(every_step) {}
-
-  PolicyNeeds needs() const override {
-    PolicyNeeds n;
-    n.observation_window = window_;
-    n.observe_every_step = every_step_;
-    return n;
-  }
+      : WindowScorer("snapkv", window, every_step), kernel_(kernel), max_pool_(max_pool) {}
 
   void score(const LayerStep& step, const StepStats& stats, int kv_head,
              std::span<const ScoredSlot> candidates, std::span<float> scores) override {
-    if (stats.window_attention.empty())
-      fail("snapkv: no observation-window attention at this step (PolicyNeeds::observation_window)");
     const int G = step.shape.n_heads / step.shape.n_kv_heads;
     const int n = int(candidates.size()), half = kernel_ / 2;
     a_.resize(n);
     sum_.assign(n, 0.0);
     for (int g = 0; g < G; ++g) {
-      const float* w = stats.window_attention.data() + size_t(kv_head * G + g) * stats.n_slots;
+      const float* w = window_of(stats, kv_head * G + g);
       for (int c = 0; c < n; ++c) a_[c] = w[candidates[c].slot];
       for (int c = 0; c < n; ++c) {
         const int lo = std::max(0, c - half), hi = std::min(n - 1, c + half);
@@ -69,8 +60,8 @@ class SnapKvScorer final : public KeyScorer {
   }
 
  private:
-  int window_, kernel_;
-  bool max_pool_, every_step_;
+  int kernel_;
+  bool max_pool_;
   std::vector<double> a_, sum_;  // scratch
 };
 

@@ -7,6 +7,7 @@
 // score). By default it evicts after every step (the paper's decode-time form: a prefill chunk is
 // reduced by its last row, as kvpress's prompt-end form); `compress: prompt_end` is kvpress's.
 #include <cmath>
+#include <vector>
 
 #include "framework/core/error.h"
 #include "framework/policy/simple_factory.h"
@@ -17,37 +18,30 @@
 namespace kvlab {
 namespace {
 
-class TovaScorer final : public KeyScorer {
+class TovaScorer final : public WindowScorer {
  public:
-  TovaScorer(bool whole_layer, bool every_step) : whole_layer_(whole_layer), every_step_(every_step) {}
-
-  PolicyNeeds needs() const override {
-    PolicyNeeds n;
-    n.observation_window = 1;
-    n.observe_every_step = every_step_;
-    return n;
-  }
+  TovaScorer(bool whole_layer, bool every_step) : WindowScorer("tova", 1, every_step), whole_layer_(whole_layer) {}
 
   void score(const LayerStep& step, const StepStats& stats, int kv_head,
              std::span<const ScoredSlot> candidates, std::span<float> scores) override {
-    if (stats.window_attention.empty())
-      fail("tova: no last-query attention at this step (PolicyNeeds::observation_window)");
     const int G = step.shape.n_heads / step.shape.n_kv_heads;
     const int first = whole_layer_ ? 0 : kv_head * G;
     const int count = whole_layer_ ? step.shape.n_heads : G;
     // A head of another KV head attends over ITS slots: under per-head eviction the same slot
     // may hold another token there, so `layer` reads each head's probability of the same
     // position (the layer's heads evict alike under `layer`, so their slots agree).
+    rows_.resize(count);
+    for (int i = 0; i < count; ++i) rows_[i] = window_of(stats, first + i);
     for (size_t c = 0; c < candidates.size(); ++c) {
       double sum = 0;
-      for (int h = first; h < first + count; ++h)
-        sum += stats.window_attention[size_t(h) * stats.n_slots + candidates[c].slot];
+      for (const float* w : rows_) sum += w[candidates[c].slot];
       scores[c] = float(sum / count);
     }
   }
 
  private:
-  bool whole_layer_, every_step_;
+  bool whole_layer_;
+  std::vector<const float*> rows_;  // scratch: the averaged heads' window rows
 };
 
 ParamSpecs tova_specs() {

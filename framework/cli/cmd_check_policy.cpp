@@ -71,15 +71,8 @@ int run_check_policy(const std::vector<std::string>& args) {
     conformance::run_all(registry, names, print);
   } else {
     const std::vector<conformance::Case> all = conformance::cases(registry, names);
-    for (const std::string& name : only) {
-      const conformance::Check& check = conformance::check_named(name);
-      if (!check.per_config) {
-        for (const std::string& n : names)
-          print({check.name, n, conformance::run_check(check, registry, conformance::Case{n, {}, false})});
-      } else {
-        for (const conformance::Case& c : all) print({check.name, c.describe(), conformance::run_check(check, registry, c)});
-      }
-    }
+    for (const std::string& name : only)
+      conformance::run_check_over(conformance::check_named(name), registry, names, all, print);
   }
   std::printf("check-policy: %d checks: %d passed, %d failed, %d skipped\n", passed + failed + skipped, passed,
               failed, skipped);
