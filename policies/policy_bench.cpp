@@ -20,6 +20,9 @@
 // usage: kvlab_bench_policies [--contexts 4096,16384] [--threads 1,2] [--steps 8] [--warmup 2]
 //                             [--engine 1] [--prompt-end REPS] [--only POLICY,POLICY]
 // "--only" runs just the cases of those policy types (and `full`, the ratios' base).
+// "--window-pass host" computes the observation window in layers mode apart from the kernel
+// (kernels/cpu/attention_stats.h, as the device paths do; timed as the policy's cost) instead
+// of from the kernel (AttentionArgs::head_mass, as the CPU engine does): the two side by side.
 // "--prompt-end REPS" runs only the prompt-end mode (run_prompt_end below).
 #include <algorithm>
 #include <chrono>
@@ -108,6 +111,7 @@ std::vector<Case> v3_cases() {
 }
 
 std::vector<std::string> g_only;  // --only: policy types to run ("full" always runs)
+bool g_window_host = false;       // --window-pass host
 
 bool wanted(const Case& c) {
   return g_only.empty() || c.policy == "full" || std::find(g_only.begin(), g_only.end(), c.policy) != g_only.end();
@@ -389,7 +393,7 @@ LayerResult run_layers_case(const ModelConfig& cfg, const PolicyRegistry& regist
           mass.assign(size_t(nkv) * kv.n_slots, 0.f);
           a.key_mass = mass.data();
         }
-        if (want_window) {
+        if (want_window && !g_window_host) {
           a.head_mass = window.data();
           a.head_mass_first_row = n_new - rows;
         }
@@ -411,11 +415,13 @@ LayerResult run_layers_case(const ModelConfig& cfg, const PolicyRegistry& regist
         for (auto& x : mass) x = ud(rng);
       }
       stats.key_mass = needs.key_attention_mass ? std::span<const float>(mass) : std::span<const float>();
-      if (want_window && !timed) {  // untimed prefill steps: the separate reference pass
+      if (want_window && (!timed || g_window_host)) {  // the separate pass (untimed prefill steps)
         AttentionArgs a = attention_args(q.data(), n_new, nh, nkv, hd, positions.data(), kv,
                                          1.f / std::sqrt(float(hd)));
         a.selection = &sel;
+        t0 = Clock::now();
         window_attention(a, n_new - rows, window.data());
+        if (policy_ms && timed) *policy_ms += ms_since(t0);
       }
       if (want_window) {
         stats.window_attention = window;
@@ -481,6 +487,7 @@ int run(int argc, char** argv) {
     else if (a == "--engine") engine = std::atoi(argv[i + 1]) != 0;
     else if (a == "--prompt-end") prompt_end = std::atoi(argv[i + 1]);
     else if (a == "--only") g_only = parse_names(argv[i + 1]);
+    else if (a == "--window-pass") g_window_host = std::string(argv[i + 1]) == "host";
     else { std::fprintf(stderr, "unknown option %s\n", a.c_str()); return 2; }
   }
   if (prompt_end > 0) return run_prompt_end(contexts, threads, prompt_end);
