@@ -79,6 +79,7 @@ int run_model_info(const std::vector<std::string>& args) {
     j["rope_scaling"] = c.rope_scaling.type;
     j["rms_eps"] = c.rms_eps;
     j["qkv_bias"] = c.qkv_bias;
+    j["qk_norm"] = c.qk_norm;
     j["tied_embeddings"] = c.tied_embeddings;
     j["stored_dtype"] = model->stored_dtype;
     j["parameters"] = params;
@@ -118,6 +119,7 @@ int run_model_info(const std::vector<std::string>& args) {
   out << "\n";
   out << "rms eps:        " << c.rms_eps << "\n";
   out << "qkv bias:       " << (c.qkv_bias ? "yes" : "no") << "\n";
+  if (c.qk_norm) out << "qk norm:        per head, before RoPE (Qwen3)\n";
   out << "embeddings:     " << (c.tied_embeddings ? "tied (lm_head = tok_embeddings)" : "untied") << "\n";
   if (c.sliding_window > 0) out << "sliding window: " << c.sliding_window << " (config; informative)\n";
   out << "weights dtype:  " << model->stored_dtype << "\n";

@@ -32,6 +32,13 @@ void DenseLayers::qkv(int layer, const float* x, int n, float* q, float* k, floa
           {w.wk, k, w.bk.empty() ? nullptr : w.bk.data()},
           {w.wv, v, w.bv.empty() ? nullptr : w.bv.data()}},
          linear_);
+  if (c_.qk_norm) {  // Qwen3: every head of q and k RMS-normalised over head_dim, before RoPE
+    const int hd = c_.head_dim;
+    for (int64_t i = 0; i < static_cast<int64_t>(n) * c_.n_heads; ++i)
+      rms_norm(q + i * hd, w.q_norm.data(), hd, c_.rms_eps, q + i * hd);
+    for (int64_t i = 0; i < static_cast<int64_t>(n) * c_.n_kv_heads; ++i)
+      rms_norm(k + i * hd, w.k_norm.data(), hd, c_.rms_eps, k + i * hd);
+  }
 }
 
 void DenseLayers::out_ffn(int layer, const float* att, int n, float* x) {

@@ -396,6 +396,9 @@ std::string cuda_device_summary() {
 bool cuda_device_available() { return cuda::device_count() > 0; }
 
 std::unique_ptr<DeviceExecutor> make_cuda_executor(const DeviceExecutorConfig& config) {
+  if (config.model->config.qk_norm)
+    fail("device cuda: the CUDA layer kernels have no per-head q/k RMSNorm yet (", config.model->config.arch,
+         "); use device cpu or emulated");
   if (!cuda_device_available()) fail("device cuda: ", cuda_device_summary(), "; use device cpu");
   int device = 0, major = 0;
   KVLAB_CUDA_CHECK(cudaGetDevice(&device));

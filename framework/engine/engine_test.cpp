@@ -101,6 +101,16 @@ std::vector<float> reference_logits(const Model& m, const std::vector<int32_t>& 
         for (int j = 0; j < nh * hd; ++j) q[j] += w.bq[j];
       if (!w.bk.empty())
         for (int j = 0; j < nkv * hd; ++j) k[j] += w.bk[j], v[j] += w.bv[j];
+      if (c.qk_norm) {  // Qwen3: per head, before RoPE
+        auto per_head = [&](std::vector<double>& t, int heads, const std::vector<float>& g) {
+          for (int hh = 0; hh < heads; ++hh) {
+            const auto y = ref_rmsnorm(std::vector<double>(t.begin() + hh * hd, t.begin() + (hh + 1) * hd), g, c.rms_eps);
+            std::copy(y.begin(), y.end(), t.begin() + hh * hd);
+          }
+        };
+        per_head(q, nh, w.q_norm);
+        per_head(k, nkv, w.k_norm);
+      }
       K[l].push_back(k);
       V[l].push_back(v);
       const std::vector<int> keys = att.keys(l, static_cast<int>(i));
@@ -224,6 +234,7 @@ struct ShapeCase {
   DType dtype;
   bool bias;
   RopeStyle rope;
+  bool qk_norm = false;
 };
 
 class EngineShapes : public ::testing::TestWithParam<ShapeCase> {};
@@ -232,7 +243,8 @@ TEST_P(EngineShapes, MatchTheReference) {
   const ShapeCase p = GetParam();
   ModelConfig c = tiny_config(p.n_heads, p.n_kv_heads, p.head_dim);
   c.qkv_bias = p.bias;
-  c.arch = p.bias ? "qwen2" : "llama";
+  c.qk_norm = p.qk_norm;
+  c.arch = p.qk_norm ? "qwen3" : p.bias ? "qwen2" : "llama";
   c.rope_style = p.rope;
   auto model = make_random_model(c, p.dtype, 5);
   const auto tokens = random_tokens(19, c.vocab_size, 6);
@@ -252,11 +264,14 @@ INSTANTIATE_TEST_SUITE_P(
                       ShapeCase{8, 2, 8, DType::kF32, true, RopeStyle::kNeox},            // G=4, bias
                       ShapeCase{2, 2, 32, DType::kF16, false, RopeStyle::kInterleaved},
                       ShapeCase{4, 2, 16, DType::kBF16, true, RopeStyle::kInterleaved},
-                      ShapeCase{4, 2, 16, DType::kQ8_0, false, RopeStyle::kNeox}),
+                      ShapeCase{4, 2, 16, DType::kQ8_0, false, RopeStyle::kNeox},
+                      ShapeCase{8, 2, 24, DType::kF32, false, RopeStyle::kNeox, true},    // Qwen3 QK-norm
+                      ShapeCase{4, 4, 16, DType::kBF16, false, RopeStyle::kNeox, true}),
     [](const ::testing::TestParamInfo<ShapeCase>& info) {
       const ShapeCase& p = info.param;
       return str_cat("h", p.n_heads, "_kv", p.n_kv_heads, "_hd", p.head_dim, "_", dtype_name(p.dtype),
-                     p.bias ? "_bias" : "", p.rope == RopeStyle::kNeox ? "_neox" : "_interleaved");
+                     p.bias ? "_bias" : "", p.rope == RopeStyle::kNeox ? "_neox" : "_interleaved",
+                     p.qk_norm ? "_qknorm" : "");
     });
 
 TEST(Engine, PagedMatchesContiguousAndChunkSizesAgree) {

@@ -74,6 +74,10 @@ std::unique_ptr<Model> make_random_model(const ModelConfig& c, DType weight_dtyp
       w.bk = b.vec(kvd, 0.f, 0.1f);
       w.bv = b.vec(kvd, 0.f, 0.1f);
     }
+    if (c.qk_norm) {
+      w.q_norm = b.vec(c.head_dim, 1.f, 0.1f);
+      w.k_norm = b.vec(c.head_dim, 1.f, 0.1f);
+    }
     w.ffn_norm = b.vec(c.dim, 1.f, 0.1f);
     w.w_gate = b.matrix(c.hidden_dim, c.dim);
     w.w_up = b.matrix(c.hidden_dim, c.dim);

@@ -121,7 +121,8 @@ std::string gguf_tensor_name(int layer, std::string_view part) {
       {"attn_norm", "attn_norm.weight"}, {"wq", "attn_q.weight"},       {"wk", "attn_k.weight"},
       {"wv", "attn_v.weight"},           {"wo", "attn_output.weight"},  {"bq", "attn_q.bias"},
       {"bk", "attn_k.bias"},             {"bv", "attn_v.bias"},         {"ffn_norm", "ffn_norm.weight"},
-      {"w_gate", "ffn_gate.weight"},     {"w_up", "ffn_up.weight"},     {"w_down", "ffn_down.weight"}};
+      {"w_gate", "ffn_gate.weight"},     {"w_up", "ffn_up.weight"},     {"w_down", "ffn_down.weight"},
+      {"q_norm", "attn_q_norm.weight"},  {"k_norm", "attn_k_norm.weight"}};
   return str_cat("blk.", layer, ".", kParts.find(part)->second);
 }
 
@@ -138,7 +139,9 @@ std::string hf_tensor_name(int layer, std::string_view part) {
       {"ffn_norm", "post_attention_layernorm.weight"},
       {"w_gate", "mlp.gate_proj.weight"},
       {"w_up", "mlp.up_proj.weight"},
-      {"w_down", "mlp.down_proj.weight"}};
+      {"w_down", "mlp.down_proj.weight"},
+      {"q_norm", "self_attn.q_norm.weight"},
+      {"k_norm", "self_attn.k_norm.weight"}};
   return str_cat("model.layers.", layer, ".", kParts.find(part)->second);
 }
 
@@ -300,6 +303,10 @@ void build_weights(Model& model, const TensorTable& table, const TensorNames& na
       expect(name("bk"), {kv_dim});
       expect(name("bv"), {kv_dim});
     }
+    if (c.qk_norm) {
+      expect(name("q_norm"), {c.head_dim});
+      expect(name("k_norm"), {c.head_dim});
+    }
     expect(name("ffn_norm"), {c.dim});
     expect(name("w_gate"), {c.hidden_dim, c.dim});
     expect(name("w_up"), {c.hidden_dim, c.dim});
@@ -322,6 +329,10 @@ void build_weights(Model& model, const TensorTable& table, const TensorNames& na
       l.bq = b.vector(name("bq"), q_dim);
       l.bk = b.vector(name("bk"), kv_dim);
       l.bv = b.vector(name("bv"), kv_dim);
+    }
+    if (c.qk_norm) {
+      l.q_norm = b.vector(name("q_norm"), c.head_dim);
+      l.k_norm = b.vector(name("k_norm"), c.head_dim);
     }
     l.ffn_norm = b.vector(name("ffn_norm"), c.dim);
     l.w_gate = b.matrix(name("w_gate"), c.hidden_dim, c.dim);

@@ -1,11 +1,11 @@
 // A Llama-family model loaded from any of the supported files, with weights kept as stored.
 //
 // Supported inputs (load_model auto-detects):
-//   - GGUF v2/v3 (*.gguf): architectures `llama` (Llama 1/2/3, Mistral, TinyLlama, SmolLM) and
-//     `qwen2`; tensors F32/F16/BF16/Q8_0; hyper-parameters from the `<arch>.*` metadata;
+//   - GGUF v2/v3 (*.gguf): architectures `llama` (Llama 1/2/3, Mistral, TinyLlama, SmolLM),
+//     `qwen2` and `qwen3`; tensors F32/F16/BF16/Q8_0; hyper-parameters from the `<arch>.*` metadata;
 //     Llama-3 RoPE scaling from the `rope_freqs.weight` tensor.
 //   - A Hugging Face directory: config.json (LlamaForCausalLM, MistralForCausalLM,
-//     Qwen2ForCausalLM) + model.safetensors or shards listed in model.safetensors.index.json;
+//     Qwen2ForCausalLM, Qwen3ForCausalLM) + model.safetensors or shards listed in model.safetensors.index.json;
 //     dtypes F32/F16/BF16.
 //   - llama2.c checkpoints (*.bin, legacy v0 layout: 7 int32 header, float32 weights; a negative
 //     vocab_size in the header means an unshared classifier; or a version 1 "ak42" export).
@@ -13,7 +13,7 @@
 //
 // RoPE: weights are never permuted on load. GGUF `llama` converters and llama2.c (Meta layout)
 // store Q/K rows so that RoPE rotates pairs (2i, 2i+1) of each head (RopeStyle::kInterleaved);
-// HF checkpoints and GGUF `qwen2` rotate pairs (i, i + head_dim/2) (RopeStyle::kNeox). Within
+// HF checkpoints and GGUF `qwen2`/`qwen3` rotate pairs (i, i + head_dim/2) (RopeStyle::kNeox). Within
 // each head, interleaved row 2i+h equals rotate-half row h*head_dim/2 + i, so the same model
 // gives the same logits from either file as long as the engine honours `rope_style`.
 //
@@ -47,13 +47,16 @@ struct RopeScaling {
 };
 
 struct ModelConfig {
-  std::string arch;  // "llama" | "qwen2"
+  std::string arch;  // "llama" | "qwen2" | "qwen3"
   int dim = 0, n_layers = 0, n_heads = 0, n_kv_heads = 0, head_dim = 0, hidden_dim = 0,
       vocab_size = 0, max_seq_len = 0;
   float rope_theta = 10000, rms_eps = 1e-5f;
   RopeScaling rope_scaling;
   RopeStyle rope_style = RopeStyle::kInterleaved;
   bool qkv_bias = false, tied_embeddings = false;
+  // Qwen3: each head's q and k RMS-normalised over head_dim (weights q_norm, k_norm, eps rms_eps)
+  // after the projection and before RoPE.
+  bool qk_norm = false;
   // Per-pair divisors of the RoPE frequencies [head_dim/2] from a GGUF `rope_freqs.weight`
   // (how llama.cpp stores Llama-3 scaling); empty otherwise. rope_inv_freq() applies them.
   std::vector<float> rope_freq_factors;
@@ -84,6 +87,7 @@ struct LayerWeights {
   std::vector<float> attn_norm;     // [dim]
   WeightView wq, wk, wv, wo;        // [n_heads*hd, dim], [n_kv*hd, dim], [n_kv*hd, dim], [dim, n_heads*hd]
   std::vector<float> bq, bk, bv;    // [n_heads*hd], [n_kv*hd], [n_kv*hd]; empty without QKV bias
+  std::vector<float> q_norm, k_norm;  // [hd] each; empty without qk_norm
   std::vector<float> ffn_norm;      // [dim]
   WeightView w_gate, w_up, w_down;  // [hidden, dim], [hidden, dim], [dim, hidden]
 };

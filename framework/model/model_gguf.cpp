@@ -6,7 +6,9 @@
 //   .rope.scaling.type / .factor / .original_context_length (linear only), .vocab_size (optional).
 // Llama-3 scaling is the tensor rope_freqs.weight [head_dim/2] (per-pair frequency divisors).
 // Tensor names: token_embd, output_norm, output (absent = tied), blk.N.{attn_norm, attn_q, attn_k,
-// attn_v, attn_output, attn_{q,k,v}.bias, ffn_norm, ffn_gate, ffn_up, ffn_down}.
+// attn_v, attn_output, attn_{q,k,v}.bias, ffn_norm, ffn_gate, ffn_up, ffn_down}; `qwen3` adds
+// blk.N.attn_q_norm / attn_k_norm [head_dim] (the names later llama.cpp writes for it; the anchor
+// at c392e50 predates qwen3). qwen2 and qwen3 rotate pairs (i, i + head_dim/2).
 #include <cstring>
 #include <vector>
 
@@ -57,15 +59,16 @@ void load_gguf(Model& model, const std::filesystem::path& path, const LoadOption
   const std::string p = path.string();
 
   const std::string arch = f.at("general.architecture").as_string();
-  if (arch != "llama" && arch != "qwen2") {
-    fail(p, ": unsupported architecture '", arch, "' (supported: llama, qwen2)");
+  if (arch != "llama" && arch != "qwen2" && arch != "qwen3") {
+    fail(p, ": unsupported architecture '", arch, "' (supported: llama, qwen2, qwen3)");
   }
   if (const GgufValue* e = f.find(arch + ".expert_count"); e && e->as_int() > 0) {
     fail(p, ": mixture-of-experts models are not supported (", arch, ".expert_count = ", e->as_int(), ")");
   }
   ModelConfig& c = model.config;
   c.arch = arch;
-  c.rope_style = arch == "qwen2" ? RopeStyle::kNeox : RopeStyle::kInterleaved;
+  c.rope_style = arch == "llama" ? RopeStyle::kInterleaved : RopeStyle::kNeox;
+  c.qk_norm = arch == "qwen3";
   c.max_seq_len = get_int(f, arch + ".context_length");
   c.dim = get_int(f, arch + ".embedding_length");
   c.n_layers = get_int(f, arch + ".block_count");

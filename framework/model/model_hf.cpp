@@ -1,11 +1,12 @@
 // Hugging Face directory -> Model.
-//   config.json: architectures[0] in {LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM};
+//   config.json: architectures[0] in {LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM,
+//     Qwen3ForCausalLM (q_norm / k_norm per head before RoPE, HF modeling_qwen3.py)};
 //     hidden_size, intermediate_size, num_hidden_layers, num_attention_heads,
 //     num_key_value_heads (default: heads), head_dim (default hidden/heads), vocab_size,
 //     max_position_embeddings, rope_theta (10000), rms_norm_eps (1e-6), tie_word_embeddings
 //     (false), rope_scaling {rope_type|type: linear|llama3, factor, low_freq_factor,
 //     high_freq_factor, original_max_position_embeddings}, attention_bias (llama: must be false;
-//     qwen2 always has q/k/v biases), sliding_window (Mistral, informative).
+//     qwen2 always has q/k/v biases; qwen3 must be false), sliding_window (Mistral, informative).
 //   weights: model.safetensors, or shards named by model.safetensors.index.json's weight_map.
 // HF stores Q/K for rotate-half RoPE: rope_style = kNeox.
 #include <cmath>
@@ -107,9 +108,12 @@ void load_hf(Model& model, const std::filesystem::path& dir, const LoadOptions& 
     c.arch = "llama";
   } else if (architecture == "Qwen2ForCausalLM") {
     c.arch = "qwen2";
+  } else if (architecture == "Qwen3ForCausalLM") {
+    c.arch = "qwen3";
+    c.qk_norm = true;
   } else {
     fail(cp, ": unsupported architecture '", architecture,
-         "' (supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM)");
+         "' (supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM)");
   }
   c.rope_style = RopeStyle::kNeox;
   c.dim = r.get_int("hidden_size");

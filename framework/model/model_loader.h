@@ -34,7 +34,7 @@ class TensorTable {
 };
 
 // The tensor names of one file format. `layer(i, part)` with part one of: attn_norm wq wk wv wo
-// bq bk bv ffn_norm w_gate w_up w_down.
+// bq bk bv ffn_norm w_gate w_up w_down q_norm k_norm.
 struct TensorNames {
   std::string tok_embeddings, final_norm, lm_head;
   std::string (*layer)(int layer, std::string_view part);

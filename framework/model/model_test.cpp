@@ -40,7 +40,7 @@ json read_json(const fs::path& p) {
 const std::vector<std::string> kFixtures = {
     "llama_hd32_gqa1_tied",        "llama_hd64_gqa2_untied",   "llama_hd80_gqa4_untied",
     "llama_hd128_gqa8_tied",       "qwen2_hd64_gqa2_bias_tied", "qwen2_hd32_gqa4_bias_untied",
-    "llama3_rope_hd32_gqa4"};
+    "llama3_rope_hd32_gqa4",       "qwen3_hd64_gqa2_qknorm_untied"};
 
 std::unique_ptr<Model> load(const fs::path& p, const std::string& dtype = "keep") {
   LoadOptions opts;
@@ -166,6 +166,7 @@ TEST_P(FixtureTest, ConfigMatchesInEveryFormat) {
     EXPECT_EQ(c.vocab_size, meta_["vocab"]);
     EXPECT_EQ(c.max_seq_len, meta_["max_seq_len"]);
     EXPECT_EQ(c.qkv_bias, meta_["qkv_bias"]);
+    EXPECT_EQ(c.qk_norm, meta_["qk_norm"]);
     EXPECT_EQ(c.tied_embeddings, meta_["tied"]);
     EXPECT_FLOAT_EQ(c.rope_theta, meta_["rope_theta"].get<float>());
     EXPECT_FLOAT_EQ(c.rms_eps, meta_["rms_eps"].get<float>());

@@ -7,10 +7,11 @@ sharded or not, F32/F16/BF16) and shares no code with kvlab or the fixture gener
 
 writes raw little-endian float32 logits [n_tokens, vocab] (row i: the logits after token i).
 
-Model (HF LlamaForCausalLM / MistralForCausalLM / Qwen2ForCausalLM, no KV cache, full causal
-attention over the given tokens at positions 0..n-1):
+Model (HF LlamaForCausalLM / MistralForCausalLM / Qwen2ForCausalLM / Qwen3ForCausalLM, no KV
+cache, full causal attention over the given tokens at positions 0..n-1):
     x = E[tokens]
     per layer:  h = rmsnorm(x) * w_in;  q, k, v = h Wq^T + bq, h Wk^T + bk, h Wv^T + bv
+                (Qwen3: q, k = rmsnorm(q_head) * w_qnorm, rmsnorm(k_head) * w_knorm per head)
                 q, k = rope_rotate_half(q), rope_rotate_half(k)       (pairs (i, i + d/2))
                 a = softmax(q k^T / sqrt(d) + causal mask) v            (kv head = head // group)
                 x = x + a Wo^T;  h = rmsnorm(x) * w_post
@@ -125,8 +126,12 @@ def forward(cfg, w, tokens):
         q = h @ w[p + "self_attn.q_proj.weight"].T + bias(p + "self_attn.q_proj.bias", n_heads * hd)
         k = h @ w[p + "self_attn.k_proj.weight"].T + bias(p + "self_attn.k_proj.bias", n_kv * hd)
         v = h @ w[p + "self_attn.v_proj.weight"].T + bias(p + "self_attn.v_proj.bias", n_kv * hd)
-        q = rope_rotate_half(q.reshape(n, n_heads, hd), cos, sin)
-        k = rope_rotate_half(k.reshape(n, n_kv, hd), cos, sin)
+        q, k = q.reshape(n, n_heads, hd), k.reshape(n, n_kv, hd)
+        if p + "self_attn.q_norm.weight" in w:  # Qwen3 (HF modeling_qwen3.py: before RoPE)
+            q = rmsnorm(q, w[p + "self_attn.q_norm.weight"], eps)
+            k = rmsnorm(k, w[p + "self_attn.k_norm.weight"], eps)
+        q = rope_rotate_half(q, cos, sin)
+        k = rope_rotate_half(k, cos, sin)
         v = v.reshape(n, n_kv, hd)
         out = np.empty((n, n_heads, hd))
         for head in range(n_heads):

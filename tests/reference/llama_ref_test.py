@@ -1,6 +1,7 @@
 #!/usr/bin/python3
 """Checks tests/reference/llama_ref.py (numpy, HF layout, rotate-half RoPE) against a second,
-differently written forward pass: PyTorch, Meta's formulation (Q/K rows in interleaved order,
+differently written forward pass: PyTorch, Meta's formulation (Q/K rows, and Qwen3's per-head
+q/k norm weights, in interleaved order,
 RoPE as a complex multiplication of pairs (2i, 2i+1), Llama-3 scaling as llama.cpp's per-pair
 frequency divisors). For configs with a llama2.c file it reads that file (Meta's layout, written
 already interleaved); otherwise it permutes the HF Q/K rows itself. Both in float64: they must
@@ -79,6 +80,9 @@ def meta_weights_from_hf(cfg, hf):
             layer["bq"] = interleave_rows(t[p + "self_attn.q_proj.bias"][:, None], n_heads)[:, 0]
             layer["bk"] = interleave_rows(t[p + "self_attn.k_proj.bias"][:, None], n_kv)[:, 0]
             layer["bv"] = t[p + "self_attn.v_proj.bias"]
+        if p + "self_attn.q_norm.weight" in t:  # Qwen3: the per-head norm weights, interleaved too
+            layer["q_norm"] = interleave_rows(t[p + "self_attn.q_norm.weight"][:, None], 1)[:, 0]
+            layer["k_norm"] = interleave_rows(t[p + "self_attn.k_norm.weight"][:, None], 1)[:, 0]
         layers.append(layer)
     out = t.get("lm_head.weight", t["model.embed_tokens.weight"])
     return dict(emb=t["model.embed_tokens.weight"], layers=layers, norm=t["model.norm.weight"], out=out)
@@ -133,8 +137,11 @@ def meta_forward(cfg, w, tokens):
         q = h @ L["wq"].T + L.get("bq", 0)
         k = h @ L["wk"].T + L.get("bk", 0)
         v = h @ L["wv"].T + L.get("bv", 0)
-        q = rope(q.view(n, n_heads, hd)).transpose(0, 1)
-        k = rope(k.view(n, n_kv, hd)).repeat_interleave(n_heads // n_kv, dim=1).transpose(0, 1)
+        q, k = q.view(n, n_heads, hd), k.view(n, n_kv, hd)
+        if "q_norm" in L:  # Qwen3: each head normalised over head_dim before RoPE
+            q, k = norm(q, L["q_norm"]), norm(k, L["k_norm"])
+        q = rope(q).transpose(0, 1)
+        k = rope(k).repeat_interleave(n_heads // n_kv, dim=1).transpose(0, 1)
         v = v.view(n, n_kv, hd).repeat_interleave(n_heads // n_kv, dim=1).transpose(0, 1)
         att = torch.softmax(q @ k.transpose(1, 2) / math.sqrt(hd) + causal, dim=-1)
         x = x + (att @ v).transpose(0, 1).reshape(n, n_heads * hd) @ L["wo"].T
