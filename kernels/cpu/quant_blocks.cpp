@@ -44,91 +44,17 @@ size_t quant_block_bytes(DType t) {
   }
 }
 
-namespace {
-
-float half_at(const uint8_t* p) {
-  uint16_t h;
-  std::memcpy(&h, p, 2);
-  return fp16_to_fp32(h);
-}
-
-// Q4_K / Q5_K: 8 six-bit scales and mins packed into 12 bytes (ggml's get_scale_min_k4):
-// j < 4: sc = s[j] & 63, m = s[j + 4] & 63;
-// j >= 4: sc = (s[j + 4] & 15) | (s[j - 4] >> 6) << 4, m = (s[j + 4] >> 4) | (s[j] >> 6) << 4.
-void scale_min_k4(const uint8_t* s, int j, int& sc, int& m) {
-  if (j < 4) {
-    sc = s[j] & 63;
-    m = s[j + 4] & 63;
-  } else {
-    sc = (s[j + 4] & 15) | ((s[j - 4] >> 6) << 4);
-    m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-  }
-}
-
-// Q3_K: 16 six-bit scales (minus 32): low nibbles in bytes 0..7 (j < 8: low, j >= 8: high
-// nibble of byte j - 8), the 2 high bits of scale 4k + b at bits 2k of byte 8 + b.
-int scale_q3k(const uint8_t* s, int j) {
-  const int lo = j < 8 ? s[j] & 15 : s[j - 8] >> 4;
-  const int hi = (s[8 + j % 4] >> (2 * (j / 4))) & 3;
-  return (lo | hi << 4) - 32;
-}
-
-void set_groups(UnpackedBlock& out, int n_groups, int per_group, const int* sc, const int* m) {
-  for (int g = 0; g < n_groups; ++g) {
-    out.sc[g] = static_cast<int16_t>(sc[g / per_group]);
-    out.m[g] = static_cast<int16_t>(m[g / per_group]);
-  }
-}
-
-}  // namespace
-
 void unpack_scales(DType t, const uint8_t* p, UnpackedBlock& out) {
-  int sc[16], m[16];
   switch (t) {
-    case DType::kQ4_0: case DType::kQ5_0:
-      out.d = half_at(p);
-      out.dmin = 0;
-      sc[0] = 1, m[0] = 0;
-      set_groups(out, 2, 2, sc, m);
-      return;
-    case DType::kQ4_1: case DType::kQ5_1:
-      // v = d * q + m_block, written as (d * 1) * q - (-m_block * 1): exact, the same bits.
-      out.d = half_at(p);
-      out.dmin = -half_at(p + 2);
-      sc[0] = 1, m[0] = 1;
-      set_groups(out, 2, 2, sc, m);
-      return;
-    case DType::kQ2_K: {
-      const auto* b = reinterpret_cast<const BlockQ2_K*>(p);
-      out.d = half_at(p + offsetof(BlockQ2_K, d));
-      out.dmin = half_at(p + offsetof(BlockQ2_K, dmin));
-      for (int j = 0; j < 16; ++j) sc[j] = b->scales[j] & 15, m[j] = b->scales[j] >> 4;
-      set_groups(out, 16, 1, sc, m);
-      return;
-    }
-    case DType::kQ3_K: {
-      const auto* b = reinterpret_cast<const BlockQ3_K*>(p);
-      out.d = half_at(p + offsetof(BlockQ3_K, d));
-      out.dmin = 0;
-      for (int j = 0; j < 16; ++j) sc[j] = scale_q3k(b->scales, j), m[j] = 0;
-      set_groups(out, 16, 1, sc, m);
-      return;
-    }
-    case DType::kQ4_K: case DType::kQ5_K: {
-      out.d = half_at(p);
-      out.dmin = half_at(p + 2);
-      for (int j = 0; j < 8; ++j) scale_min_k4(p + 4, j, sc[j], m[j]);
-      set_groups(out, 16, 2, sc, m);
-      return;
-    }
-    case DType::kQ6_K: {
-      const auto* b = reinterpret_cast<const BlockQ6_K*>(p);
-      out.d = half_at(p + offsetof(BlockQ6_K, d));
-      out.dmin = 0;
-      for (int j = 0; j < 16; ++j) sc[j] = b->scales[j], m[j] = 0;
-      set_groups(out, 16, 1, sc, m);
-      return;
-    }
+    case DType::kQ4_0: unpack_scales_of<DType::kQ4_0>(p, out); return;
+    case DType::kQ4_1: unpack_scales_of<DType::kQ4_1>(p, out); return;
+    case DType::kQ5_0: unpack_scales_of<DType::kQ5_0>(p, out); return;
+    case DType::kQ5_1: unpack_scales_of<DType::kQ5_1>(p, out); return;
+    case DType::kQ2_K: unpack_scales_of<DType::kQ2_K>(p, out); return;
+    case DType::kQ3_K: unpack_scales_of<DType::kQ3_K>(p, out); return;
+    case DType::kQ4_K: unpack_scales_of<DType::kQ4_K>(p, out); return;
+    case DType::kQ5_K: unpack_scales_of<DType::kQ5_K>(p, out); return;
+    case DType::kQ6_K: unpack_scales_of<DType::kQ6_K>(p, out); return;
     default: fail("unpack_scales: ", dtype_name(t), " is not a block-quantised type");
   }
 }

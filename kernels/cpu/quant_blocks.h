@@ -33,6 +33,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 #include "kernels/cpu/dtype.h"
 
@@ -65,6 +66,10 @@ struct alignas(32) UnpackedBlock {
   int16_t m[16];
   float d = 0, dmin = 0;
 };
+// Scales only (sc, m, d, dmin) of a block of type T: shared by the scalar and SIMD paths.
+template <DType T>
+inline void unpack_scales_of(const uint8_t* p, UnpackedBlock& out);
+
 // Plain-loop decode of one block (the reference the SIMD decoders are tested against).
 void unpack_block(DType t, const uint8_t* block, UnpackedBlock& out);
 // Scales only (sc, m, d, dmin), for decoders that unpack q themselves.
@@ -77,5 +82,79 @@ void dequantize_blocks(DType t, const void* src, float* dst, int64_t n);
 // not llama.cpp's search); Q2_K/Q3_K are not supported (throws). n a multiple of the block.
 void quantize_blocks(DType t, const float* src, void* dst, int64_t n);
 bool has_quantiser(DType t);  // quantize_blocks supports t
+
+// ---- implementation of unpack_scales_of --------------------------------------------------
+
+namespace quant_detail {
+
+inline float half_at(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return fp16_to_fp32(h);
+}
+
+// Q4_K / Q5_K: 8 six-bit scales and mins packed into 12 bytes (ggml's get_scale_min_k4):
+// j < 4: sc = s[j] & 63, m = s[j + 4] & 63;
+// j >= 4: sc = (s[j + 4] & 15) | (s[j - 4] >> 6) << 4, m = (s[j + 4] >> 4) | (s[j] >> 6) << 4.
+inline void scale_min_k4(const uint8_t* s, int j, int& sc, int& m) {
+  if (j < 4) {
+    sc = s[j] & 63;
+    m = s[j + 4] & 63;
+  } else {
+    sc = (s[j + 4] & 15) | ((s[j - 4] >> 6) << 4);
+    m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+  }
+}
+
+// Q3_K: 16 six-bit scales (minus 32): low nibbles in bytes 0..7 (j < 8: low, j >= 8: high
+// nibble of byte j - 8), the 2 high bits of scale 4k + b at bits 2k of byte 8 + b.
+inline int scale_q3k(const uint8_t* s, int j) {
+  const int lo = j < 8 ? s[j] & 15 : s[j - 8] >> 4;
+  const int hi = (s[8 + j % 4] >> (2 * (j / 4))) & 3;
+  return (lo | hi << 4) - 32;
+}
+
+}  // namespace quant_detail
+
+template <DType T>
+inline void unpack_scales_of(const uint8_t* p, UnpackedBlock& out) {
+  using quant_detail::half_at;
+  if constexpr (T == DType::kQ4_0 || T == DType::kQ5_0) {
+    out.d = half_at(p);
+    out.dmin = 0;
+    out.sc[0] = out.sc[1] = 1;
+    out.m[0] = out.m[1] = 0;
+  } else if constexpr (T == DType::kQ4_1 || T == DType::kQ5_1) {
+    // v = d * q + m_block, written as (d * 1) * q - (-m_block * 1): exact, the same bits.
+    out.d = half_at(p);
+    out.dmin = -half_at(p + 2);
+    out.sc[0] = out.sc[1] = 1;
+    out.m[0] = out.m[1] = 1;
+  } else if constexpr (T == DType::kQ2_K) {
+    const auto* b = reinterpret_cast<const BlockQ2_K*>(p);
+    out.d = half_at(p + offsetof(BlockQ2_K, d));
+    out.dmin = half_at(p + offsetof(BlockQ2_K, dmin));
+    for (int j = 0; j < 16; ++j) out.sc[j] = b->scales[j] & 15, out.m[j] = b->scales[j] >> 4;
+  } else if constexpr (T == DType::kQ3_K) {
+    const auto* b = reinterpret_cast<const BlockQ3_K*>(p);
+    out.d = half_at(p + offsetof(BlockQ3_K, d));
+    out.dmin = 0;
+    for (int j = 0; j < 16; ++j) out.sc[j] = static_cast<int16_t>(quant_detail::scale_q3k(b->scales, j)), out.m[j] = 0;
+  } else if constexpr (T == DType::kQ4_K || T == DType::kQ5_K) {
+    out.d = half_at(p);
+    out.dmin = half_at(p + 2);
+    for (int j = 0; j < 8; ++j) {
+      int sc, m;
+      quant_detail::scale_min_k4(p + 4, j, sc, m);
+      out.sc[2 * j] = out.sc[2 * j + 1] = static_cast<int16_t>(sc);
+      out.m[2 * j] = out.m[2 * j + 1] = static_cast<int16_t>(m);
+    }
+  } else if constexpr (T == DType::kQ6_K) {
+    const auto* b = reinterpret_cast<const BlockQ6_K*>(p);
+    out.d = half_at(p + offsetof(BlockQ6_K, d));
+    out.dmin = 0;
+    for (int j = 0; j < 16; ++j) out.sc[j] = b->scales[j], out.m[j] = 0;
+  }
+}
 
 }  // namespace kvlab
