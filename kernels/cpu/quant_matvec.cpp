@@ -44,6 +44,7 @@ void quantize_activations(const float* x, int64_t n, int64_t cols, int64_t block
   out.d.resize(static_cast<size_t>(n * nb));
   out.q.resize(static_cast<size_t>(n * cols));
   out.s16.resize(static_cast<size_t>(n * cols / 16));
+  out.s32.resize(static_cast<size_t>(n * cols / 32));
   for (int64_t t = 0; t < n; ++t)
     for (int64_t b = 0; b < nb; ++b) {
       const float* xb = x + t * cols + b * block;
@@ -69,6 +70,8 @@ void quantize_activations(const float* x, int64_t n, int64_t cols, int64_t block
         out.s16[(t * cols + b * block) / 16 + g] = s;
       }
     }
+  for (size_t i = 0; i < out.s32.size(); ++i)
+    out.s32[i] = static_cast<int16_t>(out.s16[2 * i] + out.s16[2 * i + 1]);
 }
 
 namespace {

@@ -41,6 +41,7 @@ struct QuantActivations {
   std::vector<float> d;       // [n, cols / block]
   std::vector<int8_t> q;      // [n, cols]
   std::vector<int32_t> s16;   // [n, cols / 16]
+  std::vector<int16_t> s32;   // [n, cols / 32]: sums over 32 values (|s| <= 32 * 127)
 };
 // Non-finite inputs give a block with d = that value (inf/NaN) and a = 0, so the outputs that
 // use it are NaN, as the fp32 kernels' would be.
