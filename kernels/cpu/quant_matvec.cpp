@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "kernels/common/error.h"
+#include "kernels/cpu/cpu_path.h"
 
 namespace kvlab {
 
@@ -21,7 +22,7 @@ bool quant_isa_supported(QuantIsa isa) {
   __builtin_cpu_init();
   switch (isa) {
     case QuantIsa::kScalar: return true;
-    case QuantIsa::kAvx2: return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+    case QuantIsa::kAvx2: return cpu_has_avx2_fma_f16c();  // (cpu_path.h: F16C read from CPUID)
     case QuantIsa::kAvx512Vnni:
       return quant_isa_supported(QuantIsa::kAvx2) && __builtin_cpu_supports("avx512vnni") &&
              __builtin_cpu_supports("avx512vl");
