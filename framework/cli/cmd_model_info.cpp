@@ -86,12 +86,26 @@ int run_model_info(const std::vector<std::string>& args) {
   const LayerWeights& l0 = model->layers.at(0);
   const int64_t params = parameter_count(*model);
 
-  struct Row { std::string name; const WeightView* w; int count; };
+  // Layer matrices carry their member so that their dtype is read over all layers ("q4_k/q6_k"
+  // when a file mixes them per layer, as llama.cpp's Q4_K_M does for attn_v and ffn_down).
+  struct Row { std::string name; const WeightView* w; int count; WeightView LayerWeights::*member = nullptr; };
+  auto layer_row = [&](const char* name, WeightView LayerWeights::*member) {
+    return Row{name, &(l0.*member), c.n_layers, member};
+  };
   const std::vector<Row> rows = {
-      {"tok_embeddings", &model->tok_embeddings, 1}, {"wq", &l0.wq, c.n_layers},
-      {"wk", &l0.wk, c.n_layers},   {"wv", &l0.wv, c.n_layers},   {"wo", &l0.wo, c.n_layers},
-      {"w_gate", &l0.w_gate, c.n_layers}, {"w_up", &l0.w_up, c.n_layers},
-      {"w_down", &l0.w_down, c.n_layers}, {"lm_head", &model->lm_head, c.tied_embeddings ? 0 : 1}};
+      {"tok_embeddings", &model->tok_embeddings, 1}, layer_row("wq", &LayerWeights::wq),
+      layer_row("wk", &LayerWeights::wk), layer_row("wv", &LayerWeights::wv), layer_row("wo", &LayerWeights::wo),
+      layer_row("w_gate", &LayerWeights::w_gate), layer_row("w_up", &LayerWeights::w_up),
+      layer_row("w_down", &LayerWeights::w_down), {"lm_head", &model->lm_head, c.tied_embeddings ? 0 : 1}};
+  auto row_dtype = [&](const Row& r) {
+    if (r.member == nullptr) return std::string(dtype_name(r.w->dtype));
+    std::string out;
+    for (const LayerWeights& l : model->layers) {
+      const std::string name = dtype_name((l.*r.member).dtype);
+      if (("/" + out + "/").find("/" + name + "/") == std::string::npos) out += (out.empty() ? "" : "/") + name;
+    }
+    return out;
+  };
   const DType kv_dtypes[] = {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0};
   auto kv_bytes = [&](DType t) { return static_cast<int64_t>(c.kv_bytes_per_token(t)); };
 
@@ -118,7 +132,7 @@ int run_model_info(const std::vector<std::string>& args) {
     j["parameters"] = params;
     for (const Row& r : rows) {
       if (r.count == 0) continue;
-      j["weights"][r.name] = {{"shape", {r.w->rows, r.w->cols}}, {"dtype", dtype_name(r.w->dtype)},
+      j["weights"][r.name] = {{"shape", {r.w->rows, r.w->cols}}, {"dtype", row_dtype(r)},
                               {"count", r.count}};
     }
     for (const TypeShare& t : tensor_type_shares(*model))
@@ -163,7 +177,7 @@ int run_model_info(const std::vector<std::string>& args) {
     if (r.count == 0) continue;
     char line[160];
     std::snprintf(line, sizeof line, "  %-15s %-14s %-5s x %d\n", r.name.c_str(), shape(*r.w).c_str(),
-                  dtype_name(r.w->dtype), r.count);
+                  row_dtype(r).c_str(), r.count);
     out << line;
   }
   char line[160];
