@@ -82,7 +82,9 @@ def main():
             (os.path.join(tmp, "truncated.bin"), "truncated"),
             (os.path.join(tmp, "missing.gguf"), "no such file"),
             (os.path.join(tmp, "empty_dir"), "no config.json"),
-            (os.path.join(fixtures, "bad", "q4_0_tensor.gguf"), "unsupported tensor type Q4_0"),
+            (os.path.join(fixtures, "bad", "iq4_nl_tensor.gguf"),
+             "tensor 'token_embd.weight': unsupported tensor type IQ4_NL (20); supported: F32, F16, BF16, "
+             "Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K"),
             (os.path.join(fixtures, "bad", "unknown_arch.gguf"), "unsupported architecture 'gpt2'"),
             (os.path.join(fixtures, "bad", "shape_mismatch.gguf"), "has shape [96, 64], expected [64, 64]"),
         ]

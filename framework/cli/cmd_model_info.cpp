@@ -1,7 +1,9 @@
 // kvlab model-info PATH: what a model file holds. Prints the format, architecture, hyper-
 // parameters, the shape and dtype of every kind of weight, the parameter count, the maximum
 // context and the KV-cache bytes per token (2 x layers x KV heads x head dim x bytes per element)
-// for each KV dtype. --metadata also lists a GGUF file's metadata; --json prints one JSON object.
+// for each KV dtype, and each tensor type's share (tensor count and bytes: from the file's tensor
+// table for GGUF, where types mix per tensor, else from the loaded weights). --metadata also lists a GGUF file's metadata; --json prints one JSON object.
+#include <algorithm>
 #include <cstdio>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -30,6 +32,38 @@ std::string human(double n) {
   return buf;
 }
 
+// Tensor type -> {count, bytes}, in first-seen order.
+struct TypeShare {
+  std::string type;
+  int64_t count = 0;
+  int64_t bytes = 0;
+};
+
+std::vector<TypeShare> tensor_type_shares(const Model& m) {
+  std::vector<TypeShare> out;
+  auto add = [&](const std::string& type, int64_t bytes, int64_t count) {
+    auto it = std::find_if(out.begin(), out.end(), [&](const TypeShare& s) { return s.type == type; });
+    if (it == out.end()) it = out.insert(out.end(), TypeShare{type});
+    it->count += count;
+    it->bytes += bytes * count;
+  };
+  if (m.format == "gguf") {
+    const GgufFile file = GgufFile::open(m.path);
+    for (const GgufTensorInfo& t : file.tensors())
+      add(ggml_type_name(static_cast<uint32_t>(t.type)), static_cast<int64_t>(t.n_bytes), 1);
+    return out;
+  }
+  auto view = [&](const WeightView& w) {
+    add(dtype_name(w.dtype), static_cast<int64_t>(w.row_bytes()) * w.rows, 1);
+  };
+  view(m.tok_embeddings);
+  if (!m.config.tied_embeddings) view(m.lm_head);
+  for (const LayerWeights& l : m.layers)
+    for (const WeightView* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) view(*w);
+  add("f32", m.config.dim * 4, 2 * m.config.n_layers + 1);  // the norms, kept in fp32
+  return out;
+}
+
 }  // namespace
 
 int run_model_info(const std::vector<std::string>& args) {
@@ -52,12 +86,26 @@ int run_model_info(const std::vector<std::string>& args) {
   const LayerWeights& l0 = model->layers.at(0);
   const int64_t params = parameter_count(*model);
 
-  struct Row { std::string name; const WeightView* w; int count; };
+  // Layer matrices carry their member so that their dtype is read over all layers ("q4_k/q6_k"
+  // when a file mixes them per layer, as llama.cpp's Q4_K_M does for attn_v and ffn_down).
+  struct Row { std::string name; const WeightView* w; int count; WeightView LayerWeights::*member = nullptr; };
+  auto layer_row = [&](const char* name, WeightView LayerWeights::*member) {
+    return Row{name, &(l0.*member), c.n_layers, member};
+  };
   const std::vector<Row> rows = {
-      {"tok_embeddings", &model->tok_embeddings, 1}, {"wq", &l0.wq, c.n_layers},
-      {"wk", &l0.wk, c.n_layers},   {"wv", &l0.wv, c.n_layers},   {"wo", &l0.wo, c.n_layers},
-      {"w_gate", &l0.w_gate, c.n_layers}, {"w_up", &l0.w_up, c.n_layers},
-      {"w_down", &l0.w_down, c.n_layers}, {"lm_head", &model->lm_head, c.tied_embeddings ? 0 : 1}};
+      {"tok_embeddings", &model->tok_embeddings, 1}, layer_row("wq", &LayerWeights::wq),
+      layer_row("wk", &LayerWeights::wk), layer_row("wv", &LayerWeights::wv), layer_row("wo", &LayerWeights::wo),
+      layer_row("w_gate", &LayerWeights::w_gate), layer_row("w_up", &LayerWeights::w_up),
+      layer_row("w_down", &LayerWeights::w_down), {"lm_head", &model->lm_head, c.tied_embeddings ? 0 : 1}};
+  auto row_dtype = [&](const Row& r) {
+    if (r.member == nullptr) return std::string(dtype_name(r.w->dtype));
+    std::string out;
+    for (const LayerWeights& l : model->layers) {
+      const std::string name = dtype_name((l.*r.member).dtype);
+      if (("/" + out + "/").find("/" + name + "/") == std::string::npos) out += (out.empty() ? "" : "/") + name;
+    }
+    return out;
+  };
   const DType kv_dtypes[] = {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0};
   auto kv_bytes = [&](DType t) { return static_cast<int64_t>(c.kv_bytes_per_token(t)); };
 
@@ -85,9 +133,11 @@ int run_model_info(const std::vector<std::string>& args) {
     j["parameters"] = params;
     for (const Row& r : rows) {
       if (r.count == 0) continue;
-      j["weights"][r.name] = {{"shape", {r.w->rows, r.w->cols}}, {"dtype", dtype_name(r.w->dtype)},
+      j["weights"][r.name] = {{"shape", {r.w->rows, r.w->cols}}, {"dtype", row_dtype(r)},
                               {"count", r.count}};
     }
+    for (const TypeShare& t : tensor_type_shares(*model))
+      j["tensor_types"][t.type] = {{"count", t.count}, {"bytes", t.bytes}};
     for (DType t : kv_dtypes) j["kv_bytes_per_token"][dtype_name(t)] = kv_bytes(t);
     j["tokenizer"] = model->tokenizer ? model->tokenizer->kind() : "none";
     std::cout << j.dump(2) << "\n";
@@ -129,7 +179,7 @@ int run_model_info(const std::vector<std::string>& args) {
     if (r.count == 0) continue;
     char line[160];
     std::snprintf(line, sizeof line, "  %-15s %-14s %-5s x %d\n", r.name.c_str(), shape(*r.w).c_str(),
-                  dtype_name(r.w->dtype), r.count);
+                  row_dtype(r).c_str(), r.count);
     out << line;
   }
   char line[160];
@@ -141,6 +191,20 @@ int run_model_info(const std::vector<std::string>& args) {
                   str_cat("[", c.n_heads * c.head_dim, "], [", c.n_kv_heads * c.head_dim, "] x2").c_str(),
                   "f32", c.n_layers);
     out << line;
+  }
+  {
+    const std::vector<TypeShare> shares = tensor_type_shares(*model);
+    int64_t total = 0;
+    for (const TypeShare& t : shares) total += t.bytes;
+    out << "tensor types:  ";
+    for (const TypeShare& t : shares) {
+      char share[160];
+      std::snprintf(share, sizeof share, " %s %lld tensors %sB (%.1f%%)", t.type.c_str(),
+                    static_cast<long long>(t.count), human(static_cast<double>(t.bytes)).c_str(),
+                    total > 0 ? 100.0 * static_cast<double>(t.bytes) / static_cast<double>(total) : 0.0);
+      out << (&t == &shares.front() ? "" : ",") << share;
+    }
+    out << "\n";
   }
   out << "KV bytes/token: ";
   for (DType t : kv_dtypes) {

@@ -14,7 +14,7 @@ void add_model_options(po::options_description& desc) {
       ("threads", po::value<int>()->default_value(0), "threads; 0 = all cores")
       ("tokenizer,t", po::value<std::string>(), "tokenizer file to use instead of the model's own")
       ("weight-dtype", po::value<std::string>()->default_value("keep"),
-       "convert weights on load: keep | f32 | f16 | bf16 | q8_0")
+       "convert weights on load: keep | f32 | f16 | bf16 | q8_0 | q4_0 | q4_1 | q5_0 | q5_1 | q4_k | q5_k | q6_k")
       ("device", po::value<std::string>()->default_value("cpu"),
        "cpu | cuda (dense layers and attention on the GPU) | emulated (the GPU path on CPU loops, for checking)")
       ("device-dtype", po::value<std::string>()->default_value("bf16"),

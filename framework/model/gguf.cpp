@@ -73,20 +73,39 @@ std::string ggml_type_name(uint32_t type) {
   return str_cat("type ", type);
 }
 
-size_t ggml_tensor_bytes(GgmlType type, int64_t n_elements) {
-  const auto n = static_cast<size_t>(n_elements);
+namespace {
+// {values per block, bytes per block} of the types kvlab runs (ggml-common.h's block structs).
+std::pair<int64_t, size_t> block_shape(GgmlType type) {
   switch (type) {
-    case GgmlType::kF32: return n * 4;
-    case GgmlType::kF16: case GgmlType::kBF16: return n * 2;
-    case GgmlType::kQ8_0: return n / kQ8Block * 34;  // fp16 scale + 32 x int8 per block
+    case GgmlType::kF32: return {1, 4};
+    case GgmlType::kF16: case GgmlType::kBF16: return {1, 2};
+    case GgmlType::kQ8_0: return {kQ8Block, 34};  // fp16 scale + 32 x int8
+    case GgmlType::kQ4_0: return {32, 18};
+    case GgmlType::kQ4_1: return {32, 20};
+    case GgmlType::kQ5_0: return {32, 22};
+    case GgmlType::kQ5_1: return {32, 24};
+    case GgmlType::kQ2_K: return {256, 84};
+    case GgmlType::kQ3_K: return {256, 110};
+    case GgmlType::kQ4_K: return {256, 144};
+    case GgmlType::kQ5_K: return {256, 176};
+    case GgmlType::kQ6_K: return {256, 210};
   }
-  return 0;
+  return {0, 0};
+}
+}  // namespace
+
+size_t ggml_tensor_bytes(GgmlType type, int64_t n_elements) {
+  const auto [values, bytes] = block_shape(type);
+  return values == 0 ? 0 : static_cast<size_t>(n_elements / values) * bytes;
 }
 
-bool GgufTensorInfo::supported() const {
-  return type == GgmlType::kF32 || type == GgmlType::kF16 || type == GgmlType::kBF16 ||
-         type == GgmlType::kQ8_0;
+int64_t ggml_block_values(GgmlType type) { return block_shape(type).first; }
+
+const char* ggml_supported_types() {
+  return "F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K";
 }
+
+bool GgufTensorInfo::supported() const { return ggml_block_values(type) != 0; }
 
 int64_t GgufTensorInfo::n_elements() const {
   int64_t n = 1;
@@ -450,8 +469,8 @@ class GgufParser {
     // Other ggml types (Q4_K, ...) are listed with n_bytes = 0 so that the metadata and tokenizer
     // of such a file stay readable; load_model refuses them by name.
     t.type = static_cast<GgmlType>(type);
-    if (t.type == GgmlType::kQ8_0 && t.ne[0] % kQ8Block != 0) {
-      problem(what, ": Q8_0 needs ne[0] to be a multiple of 32, got ", t.ne[0]);
+    if (const int64_t block = ggml_block_values(t.type); block > 1 && t.ne[0] % block != 0) {
+      problem(what, ": ", ggml_type_name(type), " needs ne[0] to be a multiple of ", block, ", got ", t.ne[0]);
     }
     t.offset = read_u64(what + " (offset)");
     t.n_bytes = ggml_tensor_bytes(t.type, n_elements);

@@ -13,7 +13,7 @@
 //
 // Contract: open() validates everything it reads (bounds, counts, duplicate keys and names,
 // alignment, tensor extents within the file) and throws kvlab::Error "<path>: <problem>" on the
-// first violation. Tensors of other ggml types (Q4_K, ...) are listed with supported() == false
+// first violation. Tensors of other ggml types (IQ4_NL, ...) are listed with supported() == false
 // and n_bytes == 0 (their extent is not checked), so that the metadata and tokenizer of such a
 // file can still be read; load_model refuses them, naming the tensor and its type.
 #pragma once
@@ -35,12 +35,31 @@ enum class GgufType : uint32_t {
   kUint8 = 0, kInt8 = 1, kUint16 = 2, kInt16 = 3, kUint32 = 4, kInt32 = 5, kFloat32 = 6,
   kBool = 7, kString = 8, kArray = 9, kUint64 = 10, kInt64 = 11, kFloat64 = 12
 };
-enum class GgmlType : uint32_t { kF32 = 0, kF16 = 1, kQ8_0 = 8, kBF16 = 30 /* others rejected */ };
+enum class GgmlType : uint32_t {  // the ggml tensor types kvlab runs (others are rejected)
+  kF32 = 0,
+  kF16 = 1,
+  kQ4_0 = 2,
+  kQ4_1 = 3,
+  kQ5_0 = 6,
+  kQ5_1 = 7,
+  kQ8_0 = 8,
+  kQ2_K = 10,
+  kQ3_K = 11,
+  kQ4_K = 12,
+  kQ5_K = 13,
+  kQ6_K = 14,
+  kBF16 = 30,
+};
 
 const char* gguf_type_name(GgufType type);    // "UINT8", ..., "FLOAT64"
 std::string ggml_type_name(uint32_t type);    // "F32", "Q4_0", ... or "type 123"
-// Bytes of a tensor of `type` holding `n_elements` (Q8_0: 34 bytes per block of 32).
+// Bytes of a tensor of `type` holding `n_elements` (Q8_0: 34 bytes per block of 32; the block
+// types: kernels/cpu/quant_blocks.h); 0 for a type kvlab does not run.
 size_t ggml_tensor_bytes(GgmlType type, int64_t n_elements);
+// Values per block (1 for F32/F16/BF16, 32 or 256); 0 for a type kvlab does not run.
+int64_t ggml_block_values(GgmlType type);
+// "F32, F16, BF16, Q8_0, Q4_0, ..." : the types supported() accepts, for error messages.
+const char* ggml_supported_types();
 
 // One metadata value (scalar, array of scalars, or array of arrays). Knows its key and file so
 // that type errors name both: "<path>: key 'llama.block_count': expected an integer, got STRING".
@@ -91,7 +110,7 @@ struct GgufTensorInfo {
   uint64_t offset;          // from the start of the data section
   const void* data;         // into the map
   size_t n_bytes;           // 0 when !supported()
-  bool supported() const;   // F32, F16, BF16 or Q8_0
+  bool supported() const;   // one of ggml_supported_types()
   int64_t n_elements() const;
 };
 

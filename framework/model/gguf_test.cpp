@@ -231,25 +231,58 @@ TEST(Gguf, OtherTensorTypesAreListedButUnsupported) {
   h.b = "GGUF";
   h.u32(3).u64(1).u64(1);
   h.key("general.architecture", GgufType::kString).str("llama");
-  h.str("q4").u32(1).u64(32).u32(2 /* Q4_0 */).u64(0);
+  h.str("iq4").u32(1).u64(32).u32(20 /* IQ4_NL */).u64(0);
   h.pad_to(32);
   h.b.append(18, '\0');
-  const GgufFile f = GgufFile::open(write_file("q4.gguf", h.b));
+  const GgufFile f = GgufFile::open(write_file("iq4.gguf", h.b));
   EXPECT_EQ(f.at("general.architecture").as_string(), "llama");  // metadata still readable
-  const GgufTensorInfo* t = f.find_tensor("q4");
+  const GgufTensorInfo* t = f.find_tensor("iq4");
   ASSERT_NE(t, nullptr);
   EXPECT_FALSE(t->supported());
-  EXPECT_EQ(static_cast<uint32_t>(t->type), 2u);
-  EXPECT_EQ(ggml_type_name(static_cast<uint32_t>(t->type)), "Q4_0");
+  EXPECT_EQ(static_cast<uint32_t>(t->type), 20u);
+  EXPECT_EQ(ggml_type_name(static_cast<uint32_t>(t->type)), "IQ4_NL");
   EXPECT_EQ(t->n_bytes, 0u);
   EXPECT_NE(t->data, nullptr);
 
   Bytes beyond;  // the offset must still lie within the file
   beyond.b = "GGUF";
   beyond.u32(3).u64(1).u64(0);
-  beyond.str("q4").u32(1).u64(32).u32(12 /* Q4_K */).u64(1 << 20);
+  beyond.str("iq4").u32(1).u64(32).u32(20 /* IQ4_NL */).u64(1 << 20);
   beyond.pad_to(32);
-  EXPECT_NE(error_of(write_file("q4k.gguf", beyond.b)).find("truncated"), std::string::npos);
+  EXPECT_NE(error_of(write_file("iq4_beyond.gguf", beyond.b)).find("truncated"), std::string::npos);
+}
+
+// The block types kvlab runs: sizes from ggml-common.h's block structs, and ne[0] must be a
+// multiple of the block (32 or 256 values), else an error naming the tensor and the type.
+TEST(Gguf, BlockQuantSizesAndRowLengthCheck) {
+  const std::pair<uint32_t, size_t> types[] = {{2, 18}, {3, 20}, {6, 22}, {7, 24}, {10, 84},
+                                               {11, 110}, {12, 144}, {13, 176}, {14, 210}};
+  for (auto [id, block_bytes] : types) {
+    const int64_t values = id <= 7 ? 32 : 256;
+    Bytes h;
+    h.b = "GGUF";
+    h.u32(3).u64(1).u64(0);
+    h.str("w").u32(2).u64(static_cast<uint64_t>(values)).u64(3).u32(id).u64(0);
+    h.pad_to(32);
+    h.b.append(3 * block_bytes, '\0');
+    const GgufFile f = GgufFile::open(write_file("blocks.gguf", h.b));
+    const GgufTensorInfo* t = f.find_tensor("w");
+    ASSERT_NE(t, nullptr);
+    EXPECT_TRUE(t->supported()) << ggml_type_name(id);
+    EXPECT_EQ(t->n_bytes, 3 * block_bytes) << ggml_type_name(id);
+    EXPECT_EQ(ggml_block_values(t->type), values);
+
+    Bytes odd;  // a row of values + 16 cannot hold whole blocks
+    odd.b = "GGUF";
+    odd.u32(3).u64(1).u64(0);
+    odd.str("w").u32(2).u64(static_cast<uint64_t>(values + 16)).u64(1).u32(id).u64(0);
+    odd.pad_to(32);
+    odd.b.append(4 * block_bytes, '\0');
+    const std::string msg = error_of(write_file("odd_blocks.gguf", odd.b));
+    EXPECT_NE(msg.find(ggml_type_name(id) + " needs ne[0] to be a multiple of " + std::to_string(values)),
+              std::string::npos) << msg;
+    EXPECT_NE(msg.find("'w'"), std::string::npos) << msg;
+  }
 }
 
 TEST(Gguf, Q8_0SizesAndRowLengthCheck) {

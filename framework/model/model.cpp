@@ -12,6 +12,7 @@
 
 #include "framework/core/error.h"
 #include "framework/model/model_loader.h"
+#include "kernels/cpu/quant_blocks.h"
 
 namespace kvlab {
 
@@ -26,8 +27,9 @@ size_t ModelConfig::kv_bytes_per_token(DType kv_dtype) const {
     case DType::kF16: case DType::kBF16: return elements * 2;
     case DType::kQ8_0:  // 34 bytes per 32 elements, rounded up to whole bytes
       return (elements * sizeof(BlockQ8_0) + kQ8_0BlockSize - 1) / kQ8_0BlockSize;
+    default:
+      fail(dtype_name(kv_dtype), " is a weight type, not a KV-cache dtype");
   }
-  return 0;
 }
 
 std::vector<float> rope_inv_freq(const ModelConfig& c) {
@@ -239,6 +241,14 @@ struct Builder {
     if (target == DType::kQ8_0 && cols % kQ8_0BlockSize != 0) {
       fail(t.file.string(), ": tensor '", name, "' has ", cols,
            " columns, not a multiple of 32: cannot convert to q8_0");
+    }
+    if (is_block_quant(target) && !has_quantiser(target)) {
+      fail(t.file.string(), ": tensor '", name, "': kvlab cannot convert to ", dtype_name(target),
+           " (it quantises to q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k and q6_k)");
+    }
+    if (is_block_quant(target) && cols % quant_block_values(target) != 0) {
+      fail(t.file.string(), ": tensor '", name, "' has ", cols, " columns, not a multiple of ",
+           quant_block_values(target), ": cannot convert to ", dtype_name(target));
     }
     auto buffer = std::shared_ptr<std::byte[]>(new std::byte[dtype_bytes(target, rows * cols)]);
     const size_t out_row_bytes = dtype_bytes(target, cols);

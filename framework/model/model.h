@@ -93,7 +93,9 @@ struct LayerWeights {
 };
 
 struct LoadOptions {
-  // Convert every weight matrix on load: "keep" (as stored) | "f32" | "f16" | "bf16" | "q8_0".
+  // Convert every weight matrix on load: "keep" (as stored) | "f32" | "f16" | "bf16" | "q8_0" |
+  // "q4_0" | "q4_1" | "q5_0" | "q5_1" | "q4_k" | "q5_k" | "q6_k" (kvlab's own quantisers,
+  // kernels/cpu/quant_blocks.h; q2_k and q3_k load from files but have no quantiser).
   std::string weight_dtype = "keep";
   // Tokenizer to use instead of the one found with the model (tokenizer.bin, tokenizer.json,
   // tokenizer.model or a file holding GGUF tokenizer metadata). Empty: look next to the model.

@@ -26,6 +26,15 @@ DType to_dtype(GgmlType t) {
     case GgmlType::kF16: return DType::kF16;
     case GgmlType::kBF16: return DType::kBF16;
     case GgmlType::kQ8_0: return DType::kQ8_0;
+    case GgmlType::kQ4_0: return DType::kQ4_0;
+    case GgmlType::kQ4_1: return DType::kQ4_1;
+    case GgmlType::kQ5_0: return DType::kQ5_0;
+    case GgmlType::kQ5_1: return DType::kQ5_1;
+    case GgmlType::kQ2_K: return DType::kQ2_K;
+    case GgmlType::kQ3_K: return DType::kQ3_K;
+    case GgmlType::kQ4_K: return DType::kQ4_K;
+    case GgmlType::kQ5_K: return DType::kQ5_K;
+    case GgmlType::kQ6_K: return DType::kQ6_K;
   }
   return DType::kF32;
 }
@@ -116,7 +125,7 @@ void load_gguf(Model& model, const std::filesystem::path& path, const LoadOption
     if (!t.supported()) {
       const auto id = static_cast<uint32_t>(t.type);
       fail(p, ": tensor '", t.name, "': unsupported tensor type ", ggml_type_name(id), " (", id,
-           "); supported: F32, F16, BF16, Q8_0");
+           "); supported: ", ggml_supported_types());
     }
     RawTensor raw{to_dtype(t.type), std::vector<int64_t>(t.ne.rbegin(), t.ne.rend()), t.data, path};
     table.add(t.name, std::move(raw));

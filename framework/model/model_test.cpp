@@ -339,7 +339,9 @@ TEST(BadInput, WrongMagic) {
 
 TEST(BadInput, UnsupportedTensorTypeArchitectureAndShape) {
   const fs::path bad = fixtures_dir() / "bad";
-  expect_error(bad / "q4_0_tensor.gguf", {"q4_0_tensor.gguf", "token_embd.weight", "unsupported tensor type Q4_0"});
+  expect_error(bad / "iq4_nl_tensor.gguf",
+               {"iq4_nl_tensor.gguf", "token_embd.weight", "unsupported tensor type IQ4_NL (20)",
+                "supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K"});
   expect_error(bad / "unknown_arch.gguf", {"unknown_arch.gguf", "unsupported architecture 'gpt2'"});
   expect_error(bad / "shape_mismatch.gguf",
                {"shape_mismatch.gguf", "blk.1.attn_k.weight", "shape [96, 64]", "expected [64, 64]"});
@@ -451,18 +453,41 @@ TEST(BadInput, RandomCorruptionGivesErrorsNotCrashes) {
 }
 
 TEST(BadInput, QuantizingOddColumnsIsRefused) {
-  // hidden 160 is a multiple of 32, but converting to an unknown dtype must fail clearly.
+  // dim 64: no multiple of q4_k's 256-value blocks; an unknown dtype fails clearly too.
   LoadOptions opts;
-  opts.weight_dtype = "q4_0";
   opts.load_tokenizer = false;
-  try {
-    load_model(fixtures_dir() / kSmall / "model.gguf", opts);
-    ADD_FAILURE();
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("unknown dtype 'q4_0'"), std::string::npos) << e.what();
+  for (auto [dtype, want] : {std::pair{"q4_k", "columns, not a multiple of 256: cannot convert to q4_k"},
+                             std::pair{"iq4_nl", "unknown dtype 'iq4_nl'"}}) {
+    opts.weight_dtype = dtype;
+    try {
+      load_model(fixtures_dir() / kSmall / "model.gguf", opts);
+      ADD_FAILURE() << dtype;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+    }
   }
 }
 
+// --weight-dtype to kvlab's own quantisers: every block type with a quantiser loads and runs
+// (the weights equal from_float of the f32 weights); q2_k / q3_k (no quantiser) are refused.
+TEST(Model, ConvertsToBlockQuantTypes) {
+  LoadOptions opts;
+  opts.load_tokenizer = false;
+  for (const char* dtype : {"q4_0", "q4_1", "q5_0", "q5_1"}) {
+    opts.weight_dtype = dtype;
+    const auto m = load_model(fixtures_dir() / kSmall / "model.gguf", opts);
+    EXPECT_EQ(m->layers[0].wq.dtype, parse_dtype(dtype));
+    EXPECT_EQ(m->tok_embeddings.dtype, parse_dtype(dtype));
+  }
+  opts.weight_dtype = "q2_k";
+  try {
+    load_model(fixtures_dir() / "llama_hd64_gqa2_untied" / "model.gguf", opts);
+    ADD_FAILURE() << "q2_k";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("tensor 'token_embd.weight': kvlab cannot convert to q2_k"),
+              std::string::npos) << e.what();
+  }
+}
 
 // ----- resource limits (issue 11): sizes read from a file are checked before anything is
 // allocated. Each case replays a fuzzer finding.

@@ -12,6 +12,7 @@
 #endif
 
 #include "kernels/common/error.h"
+#include "kernels/cpu/quant_blocks.h"
 
 namespace kvlab {
 
@@ -21,6 +22,15 @@ const char* dtype_name(DType dtype) {
     case DType::kF16: return "f16";
     case DType::kBF16: return "bf16";
     case DType::kQ8_0: return "q8_0";
+    case DType::kQ4_0: return "q4_0";
+    case DType::kQ4_1: return "q4_1";
+    case DType::kQ5_0: return "q5_0";
+    case DType::kQ5_1: return "q5_1";
+    case DType::kQ2_K: return "q2_k";
+    case DType::kQ3_K: return "q3_k";
+    case DType::kQ4_K: return "q4_k";
+    case DType::kQ5_K: return "q5_k";
+    case DType::kQ6_K: return "q6_k";
   }
   return "?";
 }
@@ -33,7 +43,11 @@ DType parse_dtype(std::string_view name) {
   if (lower == "f16" || lower == "float16") return DType::kF16;
   if (lower == "bf16" || lower == "bfloat16") return DType::kBF16;
   if (lower == "q8_0") return DType::kQ8_0;
-  fail("unknown dtype '", name, "' (expected f32, f16, bf16 or q8_0)");
+  for (DType t : {DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1, DType::kQ2_K, DType::kQ3_K,
+                  DType::kQ4_K, DType::kQ5_K, DType::kQ6_K})
+    if (lower == dtype_name(t)) return t;
+  fail("unknown dtype '", name, "' (expected f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, "
+       "q4_k, q5_k or q6_k)");
 }
 
 size_t dtype_bytes(DType dtype, int64_t n) {
@@ -44,8 +58,11 @@ size_t dtype_bytes(DType dtype, int64_t n) {
     case DType::kQ8_0:
       if (n % kQ8_0BlockSize != 0) fail("q8_0 needs a multiple of 32 elements, got ", n);
       return count / kQ8_0BlockSize * sizeof(BlockQ8_0);
+    default:
+      if (n % quant_block_values(dtype) != 0)
+        fail(dtype_name(dtype), " needs a multiple of ", quant_block_values(dtype), " elements, got ", n);
+      return count / static_cast<size_t>(quant_block_values(dtype)) * quant_block_bytes(dtype);
   }
-  return 0;
 }
 
 // binary16: value = (-1)^s * 2^(e-15) * 1.m for 0 < e < 31; 2^-14 * 0.m for e == 0.
@@ -156,6 +173,9 @@ void to_float(DType dtype, const void* src, float* dst, int64_t n) {
       if (n % kQ8_0BlockSize != 0) fail("q8_0 needs a multiple of 32 values, got ", n);
       dequantize_q8_0(static_cast<const BlockQ8_0*>(src), dst, n);
       return;
+    default:
+      dequantize_blocks(dtype, src, dst, n);
+      return;
   }
 }
 
@@ -184,6 +204,9 @@ void from_float(DType dtype, const float* src, void* dst, int64_t n) {
     }
     case DType::kQ8_0:
       quantize_q8_0(src, static_cast<BlockQ8_0*>(dst), n);
+      return;
+    default:
+      quantize_blocks(dtype, src, dst, n);
       return;
   }
 }

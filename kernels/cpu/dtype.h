@@ -5,6 +5,8 @@
 //   Q8_0 : blocks of 32 values: one fp16 scale d and 32 int8 q, value = d * q. Quantization as in
 //          ggml's reference: d = max|x| / 127, q = round_half_away_from_zero(x * (1/d)), where
 //          1/d is computed from the float32 d before d is stored as fp16.
+//   Q4_0 ... Q6_K: GGML's block types, see kernels/cpu/quant_blocks.h (to_float dequantises as
+//          gguf-py does; from_float quantises where quantize_blocks can).
 // All conversions of a finite value are exact or correctly rounded; tested in dtype_test.cpp.
 #pragma once
 
@@ -15,7 +17,22 @@
 
 namespace kvlab {
 
-enum class DType { kF32, kF16, kBF16, kQ8_0 };
+enum class DType {
+  kF32,
+  kF16,
+  kBF16,
+  kQ8_0,
+  // GGML's block-quantised weight types (kernels/cpu/quant_blocks.h): weights only.
+  kQ4_0,
+  kQ4_1,
+  kQ5_0,
+  kQ5_1,
+  kQ2_K,
+  kQ3_K,
+  kQ4_K,
+  kQ5_K,
+  kQ6_K,
+};
 
 constexpr int64_t kQ8_0BlockSize = 32;
 struct BlockQ8_0 {
@@ -24,9 +41,10 @@ struct BlockQ8_0 {
 };
 static_assert(sizeof(BlockQ8_0) == 34, "Q8_0 blocks are 34 bytes (ggml layout)");
 
-const char* dtype_name(DType dtype);          // "f32" | "f16" | "bf16" | "q8_0"
+const char* dtype_name(DType dtype);          // "f32" | "f16" | "bf16" | "q8_0" | "q4_0" ... "q6_k"
 DType parse_dtype(std::string_view name);     // accepts the names above (any case); else throws
-// Bytes of n elements (Q8_0: n must be a multiple of 32; 34 bytes per 32 elements).
+// Bytes of n elements (Q8_0: n must be a multiple of 32; 34 bytes per 32 elements; the block
+// types of quant_blocks.h: a multiple of their block, 32 or 256 values).
 size_t dtype_bytes(DType dtype, int64_t n);
 
 float fp16_to_fp32(uint16_t h);

@@ -11,6 +11,7 @@
 #include "kernels/common/error.h"
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/cpu/cpu_path.h"
+#include "kernels/cpu/quant_matvec.h"
 
 extern "C" void openblas_set_num_threads(int num_threads);
 
@@ -37,8 +38,13 @@ float weight_at(const WeightView& w, int64_t r, int64_t c) {
       std::memcpy(&d, blk, 2);
       return fp16_to_fp32(d) * static_cast<float>(static_cast<int8_t>(blk[2 + c % kQ8BlockSize]));
     }
+    default: {  // block-quantised types (quant_blocks.h): dequantise the block holding c
+      const int64_t bv = quant_block_values(w.dtype);
+      float block[256];
+      dequantize_blocks(w.dtype, row + (c / bv) * quant_block_bytes(w.dtype), block, bv);
+      return block[c % bv];
+    }
   }
-  return 0.f;
 }
 
 }  // namespace
@@ -175,6 +181,7 @@ inline void dot_rows_any(DType type, const uint8_t* const* rows, const float* x,
     case DType::kF16: dot_rows<LoadF16, R>(rows, x, cols, out); break;
     case DType::kBF16: dot_rows<LoadBF16, R>(rows, x, cols, out); break;
     case DType::kQ8_0: dot_rows_q8<R>(rows, x, cols, out); break;
+    default: KVLAB_CHECK(false, "block-quantised types run in quant_matvec");
   }
 }
 
@@ -228,6 +235,7 @@ float dot_row_portable(DType type, const uint8_t* row, const float* x, int64_t c
         s += fp16_to_fp32(dh) * dot;
       }
       break;
+    default: KVLAB_CHECK(false, "block-quantised types run in quant_matvec");
   }
   return s;
 }
@@ -235,12 +243,18 @@ float dot_row_portable(DType type, const uint8_t* row, const float* x, int64_t c
 void check_matrix(const WeightView& w) {
   if (w.dtype == DType::kQ8_0 && w.cols % kQ8BlockSize != 0)
     fail("q8_0 weight with ", w.cols, " columns: q8_0 needs a multiple of 32");
+  if (is_block_quant(w.dtype) && w.cols % quant_block_values(w.dtype) != 0)
+    fail(dtype_name(w.dtype), " weight with ", w.cols, " columns: needs a multiple of ", quant_block_values(w.dtype));
 }
 
 }  // namespace
 
 void matvec_rows(const WeightView& w, const float* x, int64_t n, float* y, int64_t row_begin,
                  int64_t row_end, CpuPath path) {
+  if (is_block_quant(w.dtype)) {  // integer kernels on int8 activations (quant_matvec.h)
+    quant_matvec_rows(w, x, n, y, row_begin, row_end, path == CpuPath::kAvx2 ? quant_isa_best() : QuantIsa::kScalar);
+    return;
+  }
   if (path == CpuPath::kAvx2) {
     if (!cpu_has_avx2_fma_f16c()) fail("matvec_rows: this CPU has no AVX2+FMA+F16C");
     matvec_rows_avx2(w, x, n, y, row_begin, row_end);

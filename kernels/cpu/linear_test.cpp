@@ -44,6 +44,10 @@ Stored make_matrix(DType type, int64_t rows, int64_t cols, std::mt19937& rng) {
       s.bytes.resize(dtype_bytes(type, rows * cols));
       quantize_q8_0(f.data(), reinterpret_cast<BlockQ8_0*>(s.bytes.data()), rows * cols);
       break;
+    default:  // block-quantised types: quant_matvec_test.cpp
+      s.bytes.resize(dtype_bytes(type, rows * cols));
+      from_float(type, f.data(), s.bytes.data(), rows * cols);
+      break;
   }
   s.m = WeightView{type, rows, cols, s.bytes.data()};
   return s;
