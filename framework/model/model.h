@@ -2,7 +2,7 @@
 //
 // Supported inputs (load_model auto-detects):
 //   - GGUF v2/v3 (*.gguf): architectures `llama` (Llama 1/2/3, Mistral, TinyLlama, SmolLM),
-//     `qwen2` and `qwen3`; tensors F32/F16/BF16/Q8_0; hyper-parameters from the `<arch>.*` metadata;
+//     `qwen2` and `qwen3`; tensors F32/F16/BF16/Q8_0 and the GGUF block types Q4_0 ... Q6_K (kernels/cpu/quant_blocks.h); hyper-parameters from the `<arch>.*` metadata;
 //     Llama-3 RoPE scaling from the `rope_freqs.weight` tensor.
 //   - A Hugging Face directory: config.json (LlamaForCausalLM, MistralForCausalLM,
 //     Qwen2ForCausalLM, Qwen3ForCausalLM) + model.safetensors or shards listed in model.safetensors.index.json;
