@@ -108,8 +108,8 @@ class Bench:
                                 "--shape", "1b"], check=True)
 
     # -- kvlab ------------------------------------------------------------------------------
-    def kvlab_generate(self, t, threads, prompt, n, rss=False):
-        cmd = [self.kvlab, "generate", "--model", self.model(t), "--prompt", prompt, "-n", str(n),
+    def kvlab_generate(self, t, threads, prompt, n, rss=False, binary=None):
+        cmd = [binary or self.kvlab, "generate", "--model", self.model(t), "--prompt", prompt, "-n", str(n),
                "--temperature", "0", "--ignore-eos", "--threads", str(threads)]
         if rss:
             cmd = ["/usr/bin/time", "-v"] + cmd
@@ -161,6 +161,12 @@ class Bench:
             sys.exit(f"llama2.c run failed:\n{(out + err)[-1000:]}")
         return float(m.group(1))
 
+    def kvlabs(self):
+        out = [("kvlab", self.kvlab)]
+        if self.a.kvlab_before:
+            out.insert(0, ("kvlab-before", self.a.kvlab_before))
+        return out
+
     # -- the run ----------------------------------------------------------------------------
     def measure(self):
         words = single_token_words(self.kvlab, self.model(self.a.types[0]))
@@ -170,27 +176,32 @@ class Bench:
             for threads in self.a.threads:
                 for t in self.a.types:
                     log(f"bench: round {rnd + 1}/{self.a.rounds}, {threads} thread(s), {t}")
-                    # decode + pp512
-                    if t not in self.refused:
-                        r = self.kvlab_generate(t, threads, "hello", 129)
+                    # decode + pp512, for the kvlab under test and (optionally) the one before
+                    for prog, binary in self.kvlabs():
+                        if t in self.refused:
+                            break
+                        r = self.kvlab_generate(t, threads, "hello", 129, binary=binary)
                         if r:
-                            self.add("decode", t, threads, "kvlab", r["decode"])
-                            r = self.kvlab_generate(t, threads, p512, 1)
+                            self.add("decode", t, threads, prog, r["decode"])
+                            r = self.kvlab_generate(t, threads, p512, 1, binary=binary)
                             if r["prompt_tokens"] != 512:
                                 sys.exit(f"the 512-token prompt encodes to {r['prompt_tokens']} tokens")
-                            self.add("pp512", t, threads, "kvlab", r["prefill"])
+                            self.add("pp512", t, threads, prog, r["prefill"])
                     lb = self.llama_bench(t, threads)
                     self.add("decode", t, threads, "llama.cpp", lb["tg128"])
                     self.add("pp512", t, threads, "llama.cpp", lb["pp512"])
                     if t == "F32" and self.a.shape == "110m":
                         self.add("decode", t, threads, "run.c", self.run_c(threads))
-                    if self.a.depth:
-                        if t not in self.refused:
-                            r = self.kvlab_generate(t, threads, p4k, 129, rss=(rnd == 0 and threads == self.a.threads[-1]))
+                    if self.a.depth and threads in self.a.depth_threads and t in self.a.depth_types:
+                        for prog, binary in self.kvlabs():
+                            if t in self.refused:
+                                break
+                            rss = rnd == 0 and threads == self.a.depth_threads[-1] and prog == "kvlab"
+                            r = self.kvlab_generate(t, threads, p4k, 129, rss=rss, binary=binary)
                             if r:
                                 if r["prompt_tokens"] != 4096:
                                     sys.exit(f"the 4096-token prompt encodes to {r['prompt_tokens']} tokens")
-                                self.add("depth4k", t, threads, "kvlab", r["decode"])
+                                self.add("depth4k", t, threads, prog, r["decode"])
                                 if "rss_mb" in r:
                                     self.rss[t] = r["rss_mb"]
                         self.add("depth4k", t, threads, "llama.cpp", self.batched_bench(t, threads))
@@ -225,7 +236,7 @@ class Bench:
 
     def table(self, ppl):
         lines = []
-        f = lambda v: "refused" if v is None else f"{v:.1f}"  # noqa: E731
+        f = lambda v: "–" if v is None else f"{v:.1f}"  # noqa: E731
         r = lambda a, b: "–" if a is None or b is None else f"{a / b:.2f}"  # noqa: E731
         for threads in self.a.threads:
             lines.append(f"\n### {threads} thread(s) (tok/s, median of {self.a.rounds} round(s))\n")
@@ -234,14 +245,27 @@ class Bench:
             if self.a.depth:
                 hdr += " kvlab decode @4k | llama.cpp S_TG @4k | ratio |"
                 sep += "---|---|---|"
+            if self.a.kvlab_before:
+                hdr += " kvlab before: decode | pp512 | after/before decode | pp512 |"
+                sep += "---|---|---|---|"
+                if self.a.depth:
+                    hdr += " @4k | after/before @4k |"
+                    sep += "---|---|"
             lines += [hdr, sep]
             for t in self.a.types:
+                fk = lambda v: "refused" if t in self.refused else f(v)  # noqa: E731
                 kd, ld = self.med("decode", t, threads, "kvlab"), self.med("decode", t, threads, "llama.cpp")
                 kp, lp = self.med("pp512", t, threads, "kvlab"), self.med("pp512", t, threads, "llama.cpp")
-                row = f"| {t.lower()} | {f(kd)} | {f(ld)} | {r(kd, ld)} | {f(kp)} | {f(lp)} | {r(kp, lp)} |"
+                row = f"| {t.lower()} | {fk(kd)} | {f(ld)} | {r(kd, ld)} | {fk(kp)} | {f(lp)} | {r(kp, lp)} |"
                 if self.a.depth:
                     k4, l4 = self.med("depth4k", t, threads, "kvlab"), self.med("depth4k", t, threads, "llama.cpp")
-                    row += f" {f(k4)} | {f(l4)} | {r(k4, l4)} |"
+                    row += f" {fk(k4)} | {f(l4)} | {r(k4, l4)} |"
+                if self.a.kvlab_before:
+                    bd, bp = self.med("decode", t, threads, "kvlab-before"), self.med("pp512", t, threads, "kvlab-before")
+                    row += f" {fk(bd)} | {fk(bp)} | {r(kd, bd)} | {r(kp, bp)} |"
+                    if self.a.depth:
+                        b4 = self.med("depth4k", t, threads, "kvlab-before")
+                        row += f" {fk(b4)} | {r(k4, b4)} |"
                 lines.append(row)
             rc_ = self.med("decode", "F32", threads, "run.c")
             if rc_ is not None:
@@ -279,11 +303,16 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--llama-reps", type=int, default=2, help="llama-bench -r per round")
     ap.add_argument("--no-depth", dest="depth", action="store_false", help="skip the 4k-context decode case")
+    ap.add_argument("--depth-threads", default="", help="thread counts of the 4k case (default: all)")
+    ap.add_argument("--depth-types", default="", help="types of the 4k case (default: all)")
+    ap.add_argument("--kvlab-before", default="", help="a second kvlab binary, run interleaved as 'before'")
     ap.add_argument("--text", default="", help="text for the perplexity check (empty: skip)")
     ap.add_argument("--ppl-windows", type=int, default=8)
     a = ap.parse_args()
     a.threads = [int(x) for x in a.threads.split(",")]
     a.types = [x.upper() for x in a.types.split(",")]
+    a.depth_threads = [int(x) for x in a.depth_threads.split(",")] if a.depth_threads else a.threads
+    a.depth_types = [x.upper() for x in a.depth_types.split(",")] if a.depth_types else a.types
     if a.shape == "1b":
         a.types = ["BF16"]
         dim, layers, kv_heads, heads = 2048, 16, 8, 32
