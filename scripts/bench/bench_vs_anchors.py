@@ -26,6 +26,7 @@ import argparse
 import json
 import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -282,13 +283,20 @@ class Bench:
                 else:
                     lines.append(f"| {t.lower()} | {kv:.4f} | {lc:.4f} | {100 * (kv / lc - 1):+.3f}% |")
         if self.rss:
+            # the process before any model: the binary and its shared libraries (a CUDA-enabled
+            # build maps cuBLAS/cuBLASLt), measured the same way on `kvlab --help`
+            rc, o, e = sh(["/usr/bin/time", "-v", self.kvlab, "--help"])
+            base = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", e).group(1)) / 1024
             lines.append("\n### kvlab peak RSS (4096-token prompt + 128 decoded, /usr/bin/time -v)\n")
-            lines += ["| type | peak RSS MiB | file MiB | KV MiB | (file + KV) x 1.15 | within |", "|---|---|---|---|---|---|"]
+            lines.append(f"baseline (`kvlab --help`, no model): {base:.0f} MiB\n")
+            lines += ["| type | peak RSS MiB | peak - baseline | file MiB | KV MiB (fp32, 4224 tokens) | (file + KV) x 1.15 "
+                      "| peak within | peak - baseline within |", "|---|---|---|---|---|---|---|---|"]
             for t, mb in self.rss.items():
                 file_mb = os.path.getsize(self.model(t)) / 2**20
                 kv_mb = self.a.kv_bytes_per_token * (4096 + 128) / 2**20
                 bound = (file_mb + kv_mb) * 1.15
-                lines.append(f"| {t.lower()} | {mb:.0f} | {file_mb:.0f} | {kv_mb:.0f} | {bound:.0f} | {'yes' if mb <= bound else 'NO'} |")
+                lines.append(f"| {t.lower()} | {mb:.0f} | {mb - base:.0f} | {file_mb:.0f} | {kv_mb:.0f} | {bound:.0f} "
+                             f"| {'yes' if mb <= bound else 'NO'} | {'yes' if mb - base <= bound else 'NO'} |")
         return "\n".join(lines)
 
 
@@ -324,13 +332,20 @@ def main():
     b.prepare()
     t0 = time.time()
     up0 = open("/proc/loadavg").read().split()[:3]
-    b.measure()
-    ppl = b.perplexity()
+    # SIGTERM / Ctrl-C stop the run and print what was measured so far (marked partial)
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    partial = False
+    ppl = []
+    try:
+        b.measure()
+        ppl = b.perplexity()
+    except KeyboardInterrupt:
+        partial = True
     up1 = open("/proc/loadavg").read().split()[:3]
     cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
     flags = next((l.split(":", 1)[1].split() for l in open("/proc/cpuinfo") if l.startswith("flags")), [])
     isa = " ".join(f for f in ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_bf16", "avx512_vnni", "avx_vnni") if f in flags)
-    print(f"## kvlab vs llama.cpp / llama2.c ({a.shape}, {time.time() - t0:.0f} s)\n")
+    print(f"## kvlab vs llama.cpp / llama2.c ({a.shape}, {time.time() - t0:.0f} s{', PARTIAL: stopped early' if partial else ''})\n")
     print(f"CPU: {cpu}; {os.cpu_count()} logical CPUs; ISA: {isa}")
     print(f"load average (1/5/15 min) before: {' '.join(up0)}, after: {' '.join(up1)}")
     print(f"files: {a.work}")
