@@ -3,8 +3,10 @@
 // The prompt is tokenized with the model's tokenizer (or --tokenizer), with BOS when the
 // tokenizer adds one by default, prefilled in one pass, then tokens are sampled one at a time
 // (temperature 0 = greedy; else temperature, top-k, top-p with --seed) and printed as soon as
-// they complete UTF-8 text. Stops at end-of-sequence, --max-new-tokens or the model's context.
-// Timing goes to stderr. A prompt longer than the context is one clear error (exit 1).
+// they complete UTF-8 text. Stops at end-of-sequence (unless --ignore-eos), --max-new-tokens or
+// the model's context. Timing goes to stderr: prefill tok/s, generated tokens per second, and
+// decode steps (forward passes of one token: generated - 1 when it stops at -n) per second of
+// the generation loop. A prompt longer than the context is one clear error (exit 1).
 #include <chrono>
 #include <cstdio>
 #include <string>
@@ -35,7 +37,8 @@ int run_generate(const std::vector<std::string>& args) {
       ("temperature", po::value<float>()->default_value(0.8f, "0.8"), "sampling temperature; 0 = greedy")
       ("top-k", po::value<int>()->default_value(40), "keep the k most likely tokens; 0 = all")
       ("top-p", po::value<float>()->default_value(0.95f, "0.95"), "nucleus mass; 1 = all")
-      ("seed", po::value<uint64_t>()->default_value(42), "sampling seed");
+      ("seed", po::value<uint64_t>()->default_value(42), "sampling seed")
+      ("ignore-eos", po::bool_switch(), "keep generating past end-of-sequence (benchmarks: always -n tokens)");
   add_model_options(desc);
   add_policy_options(desc);
   po::positional_options_description pos;
@@ -79,11 +82,12 @@ int run_generate(const std::vector<std::string>& args) {
 
   StreamDecoder stream(tok);
   const auto t1 = Clock::now();
-  int generated = 0;
+  int generated = 0, decode_steps = 0;
+  const bool ignore_eos = vm["ignore-eos"].as<bool>();
   std::string stop = "max-new-tokens";
   while (generated < max_new) {
     const int32_t next = sampler.sample(logits);
-    if (next == tok.eos_id()) {
+    if (next == tok.eos_id() && !ignore_eos) {
       stop = "end of sequence";
       break;
     }
@@ -92,6 +96,7 @@ int run_generate(const std::vector<std::string>& args) {
     std::fflush(stdout);
     if (generated == max_new) break;
     const StepStatus ds = engine.decode(std::span(&seq, 1), std::span(&next, 1), logits);
+    ++decode_steps;
     if (ds != StepStatus::kOk) {
       stop = step_status_name(ds);
       break;
@@ -101,9 +106,14 @@ int run_generate(const std::vector<std::string>& args) {
   std::fputs("\n", stdout);
   std::fflush(stdout);
   const double decode_s = since(t1);
-  std::fprintf(stderr, "[prompt %zu tokens, %.1f tok/s | generated %d tokens, %.1f tok/s | stop: %s | threads %d]\n",
+  // "decode": forward steps per second of the whole loop (sampling, detokenising and printing
+  // included), the figure to set beside llama-bench's tg (which times its forward steps only).
+  std::fprintf(stderr,
+               "[prompt %zu tokens, %.1f tok/s | generated %d tokens, %.1f tok/s | decode %d steps, %.1f tok/s | "
+               "stop: %s | threads %d]\n",
                prompt.size(), prompt.size() / std::max(prefill_s, 1e-9), generated,
-               generated / std::max(decode_s, 1e-9), stop.c_str(), engine.threads());
+               generated / std::max(decode_s, 1e-9), decode_steps, decode_steps / std::max(decode_s, 1e-9),
+               stop.c_str(), engine.threads());
   return 0;
 }
 

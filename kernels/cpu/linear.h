@@ -6,7 +6,7 @@
 //   y[t, r] = sum_c W[r, c] * x[t, c]                       (W[d,n] @ x[n] -> y[d], per token)
 //
 // Two paths, validated against plain loops (linear_test.cpp):
-// - matvec (decode, small n): AVX2+FMA+F16C (chosen at run time, kernels/cpu/cpu_path.h; else
+// - matvec (decode, small n): AVX-512 or AVX2+FMA+F16C (chosen at run time: matvec_isa(); else
 //   a portable loop), 4 rows at a time sharing each x load, weights
 //   converted to fp32 in registers (fp16: vcvtph2ps; bf16: shift into the high half; q8_0:
 //   int8 -> fp32 times the block scale). Memory-bound, so it streams each weight byte once per
@@ -46,13 +46,26 @@ void dequantize_rows(const WeightView& w, int64_t row_begin, int64_t row_end, fl
 void linear_reference(const WeightView& w, const float* x, int64_t n, float* y, int64_t row_begin,
                       int64_t row_end);
 
-// The fast per-token kernel over a row range (one thread's share), on cpu_path().
+// The matvec kernels' instruction sets. kAvx2: AVX2+FMA+F16C, 8 lanes; kAvx512: AVX-512
+// F/BW/VL/DQ, 16 lanes (Intel Xeon since Skylake-X, AMD Zen 4; fp16 weights stay on the 8-lane
+// kernel, measured faster there); kPortable: plain loops. All widen
+// the weights to fp32 and accumulate in fp32 (they differ only in the order of the sums).
+enum class MatvecIsa { kPortable, kAvx2, kAvx512 };
+const char* to_string(MatvecIsa isa);          // "portable" | "avx2" | "avx512"
+bool matvec_isa_supported(MatvecIsa isa);      // this CPU and OS can run it
+// Detected once per process: the widest supported; kPortable when KVLAB_CPU_PATH=portable.
+MatvecIsa matvec_isa();
+
+// The fast per-token kernel over a row range (one thread's share), on matvec_isa().
 void matvec_rows(const WeightView& w, const float* x, int64_t n, float* y, int64_t row_begin,
                  int64_t row_end);
 // The same on a chosen path: kAvx2 (the SIMD kernel; an error on a CPU without AVX2+FMA+F16C)
 // or kPortable (one row at a time, fp32 accumulation in column order).
 void matvec_rows(const WeightView& w, const float* x, int64_t n, float* y, int64_t row_begin,
                  int64_t row_end, CpuPath path);
+// The same on a chosen instruction set (kvlab::Error where !matvec_isa_supported(isa)).
+void matvec_rows(const WeightView& w, const float* x, int64_t n, float* y, int64_t row_begin,
+                 int64_t row_end, MatvecIsa isa);
 
 // One output of a fused multi-matrix call: y[n, w.rows] (+ bias[w.rows] when non-null).
 struct LinearJob {

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <random>
 
@@ -76,7 +77,7 @@ TEST_P(LinearTypes, MatvecMatchesReferenceOnAwkwardShapes) {
   const DType type = GetParam();
   std::mt19937 rng(7);
   const int64_t shapes[][2] = {{1, 32}, {3, 64}, {5, 96}, {13, 160}, {64, 288}, {37, 768}};
-  const int64_t odd_cols[] = {1, 7, 9, 15, 17, 33, 100};
+  const int64_t odd_cols[] = {1, 7, 9, 15, 17, 31, 33, 47, 100};
   std::vector<std::array<int64_t, 2>> all;
   for (auto& s : shapes) all.push_back({s[0], s[1]});
   if (type != DType::kQ8_0)
@@ -95,6 +96,15 @@ TEST_P(LinearTypes, MatvecMatchesReferenceOnAwkwardShapes) {
         matvec_rows(w.m, x.data(), n, got.data(), 0, rows, path);
         SCOPED_TRACE(testing::Message() << "rows " << rows << " cols " << cols << " n " << n << " path "
                                         << to_string(path));
+        expect_close(got, want, cols);
+      }
+      // ... and every instruction set of matvec_isa() this CPU has (AVX-512 where present)
+      for (MatvecIsa isa : {MatvecIsa::kPortable, MatvecIsa::kAvx2, MatvecIsa::kAvx512}) {
+        if (!matvec_isa_supported(isa)) continue;
+        std::fill(got.begin(), got.end(), NAN);
+        matvec_rows(w.m, x.data(), n, got.data(), 0, rows, isa);
+        SCOPED_TRACE(testing::Message() << "rows " << rows << " cols " << cols << " n " << n << " isa "
+                                        << to_string(isa));
         expect_close(got, want, cols);
       }
     }
@@ -145,6 +155,14 @@ INSTANTIATE_TEST_SUITE_P(AllTypes, LinearTypes,
                          ::testing::Values(DType::kF32, DType::kF16, DType::kBF16,
                                            DType::kQ8_0),
                          type_name);
+
+TEST(Linear, EachIsaIsReportedAndTheDetectedOneIsSupported) {
+  // Which paths ran above is printed here, so a CI log shows what this machine covered.
+  for (MatvecIsa isa : {MatvecIsa::kPortable, MatvecIsa::kAvx2, MatvecIsa::kAvx512})
+    std::printf("matvec isa %s: %s\n", to_string(isa), matvec_isa_supported(isa) ? "tested" : "not on this CPU");
+  EXPECT_TRUE(matvec_isa_supported(matvec_isa()));
+  EXPECT_TRUE(matvec_isa_supported(MatvecIsa::kPortable));
+}
 
 TEST(Linear, Q8RejectsColsNotMultipleOf32) {
   ThreadPool pool(1);
