@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <cstring>
 
 #include "framework/core/error.h"
 
@@ -201,6 +202,18 @@ NiahScore run_niah_trial(LanguageModel& lm, const Tokenizer& tokenizer, const Ni
   score.answer = tokenizer.decode(text_ids);
   score.correct = value_matches(score.answer, prompt.value);
   return score;
+}
+
+uint64_t trial_seed(uint64_t seed, int64_t context_length, double depth_percent, int trial) {
+  uint64_t depth_bits;
+  std::memcpy(&depth_bits, &depth_percent, sizeof depth_bits);
+  uint64_t state = seed;
+  uint64_t h = splitmix64(state);
+  for (uint64_t part : {uint64_t(context_length), depth_bits, uint64_t(trial)}) {
+    state = h ^ part;
+    h = splitmix64(state);
+  }
+  return h;
 }
 
 }  // namespace kvlab

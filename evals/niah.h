@@ -37,6 +37,11 @@ namespace kvlab {
 // standard libraries, unlike std::uniform_int_distribution).
 uint64_t splitmix64(uint64_t& state);
 
+// SplitMix64-based seed for one NIAH trial: a pure function of its coordinates, so shards and
+// resumed runs draw the same needle values and haystack offsets. The run is deliberately not an
+// input: every policy sees the same prompts.
+uint64_t trial_seed(uint64_t seed, int64_t context_length, double depth_percent, int trial);
+
 // A tokenized haystack text with its sentence ends.
 struct Haystack {
   std::vector<int32_t> tokens;
