@@ -3,6 +3,7 @@
 
 #include "evals/niah_eval.h"
 #include "evals/perplexity_eval.h"
+#include "evals/ruler_eval.h"
 #include "framework/core/error.h"
 
 namespace kvlab {
@@ -29,6 +30,7 @@ const EvaluationRegistry& builtin_evaluations() {
     EvaluationRegistry r;
     r.add(make_niah_factory());
     r.add(make_perplexity_factory());
+    r.add(make_ruler_factory());
     return r;
   }();
   return registry;
