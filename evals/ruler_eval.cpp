@@ -129,8 +129,7 @@ std::vector<std::pair<std::string, fs::path>> RulerEvaluation::input_files() con
 }
 
 int64_t RulerEvaluation::cell_tokens(size_t cell) const {
-  const Coord c = coord(cell);
-  return c.length + spec_.answer_tokens(*c.task);
+  return coord(cell).length;  // prompt + answer (RULER's max_seq_length)
 }
 
 int64_t RulerEvaluation::longest_tokens() const {
@@ -142,9 +141,12 @@ int64_t RulerEvaluation::longest_tokens() const {
 void RulerEvaluation::check_limit(const TokenLimit& limit) const {
   for (size_t i = 0; i < spec_.context_lengths.size(); ++i)
     for (const RulerTaskInfo* t : spec_.tasks)
-      if (spec_.context_lengths[i] + spec_.answer_tokens(*t) > limit.max_tokens)
-        fail(spec_.ref.str(), ".context_lengths[", i, "]: ", spec_.context_lengths[i], " + the ",
-             spec_.answer_tokens(*t), " answer tokens of task ", t->name, " exceeds ", limit.what);
+      if (spec_.context_lengths[i] > limit.max_tokens)
+        fail(spec_.ref.str(), ".context_lengths[", i, "]: ", spec_.context_lengths[i], " tokens (prompt and the ",
+             spec_.answer_tokens(*t), " answer tokens of task ", t->name, ") exceeds ", limit.what);
+      else if (spec_.context_lengths[i] <= spec_.answer_tokens(*t))
+        fail(spec_.ref.str(), ".context_lengths[", i, "]: ", spec_.context_lengths[i], " tokens leave no room for a "
+             "prompt beside the ", spec_.answer_tokens(*t), " answer tokens of task ", t->name);
 }
 
 void RulerEvaluation::prepare(const Tokenizer& tokenizer) {
@@ -154,7 +156,7 @@ void RulerEvaluation::prepare(const Tokenizer& tokenizer) {
   for (size_t i = 0; i < spec_.context_lengths.size(); ++i)
     for (const RulerTaskInfo* t : spec_.tasks) {
       try {
-        build_ruler_sample(src, *t, spec_.context_lengths[i], 0);
+        build_ruler_sample(src, *t, spec_.context_lengths[i] - spec_.answer_tokens(*t), spec_.context_lengths[i], 0);
       } catch (const Error& e) {
         fail(spec_.ref.str(), ".context_lengths[", i, "]: ", e.what());
       }
@@ -193,7 +195,7 @@ CellRecord RulerEvaluation::run_cell(size_t cell, EvalContext& ctx) const {
   for (uint64_t seed : ctx.seeds)
     for (int k = 0; k < spec_.samples; ++k) {
       const uint64_t ss = ruler_sample_seed(seed, c.task->task, c.length, k);
-      const RulerSample s = build_ruler_sample(src, *c.task, c.length, ss);
+      const RulerSample s = build_ruler_sample(src, *c.task, c.length - answer_tokens, c.length, ss);
       lm.ended.clear();
       std::string status = "ok", prediction;
       std::vector<int32_t> answer;

@@ -9,6 +9,8 @@
 // FAMILY is niah, vt, cwe, fwe, passkey or kv_retrieval. haystack PATH is the essay role (any
 // prose file); noise puts the passkey filler there too.
 //
+// A context length is RULER's max_seq_length: the prompt has context_length minus the task's
+// answer tokens, so prompt and answer fit exactly.
 // Cells: protocol x task x context length, every seed x sample inside; ids
 // "ruler_<protocol>_<task>_L<length>". A sample's prompt depends on (seed, task, length, sample)
 // only, so both protocols and every policy see the same prompts.

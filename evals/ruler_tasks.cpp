@@ -323,7 +323,8 @@ uint64_t ruler_sample_seed(uint64_t seed, RulerTask task, int64_t context_length
   return h;
 }
 
-RulerSample build_ruler_sample(const RulerSource& src, const RulerTaskInfo& task, int context_length, uint64_t seed) {
+RulerSample build_ruler_sample(const RulerSource& src, const RulerTaskInfo& task, int prompt_length, int context_length,
+                               uint64_t seed) {
   const Tokenizer& tok = src.tokenizer;
   const RulerTemplate& tpl = src.templates.of(task.family);
   uint64_t rng = seed;
@@ -438,9 +439,9 @@ RulerSample build_ruler_sample(const RulerSource& src, const RulerTaskInfo& task
     needle_total += int64_t(needle_ids.back().size());
   }
   const int64_t fixed = int64_t(header.size()) + int64_t(tail.size()) + needle_total;
-  const int64_t budget = int64_t(context_length) - fixed;
+  const int64_t budget = int64_t(prompt_length) - fixed;
   if (budget < 1)
-    fail("context length ", context_length, " is too short for task ", task.name, ": its fixed parts take ", fixed,
+    fail("a prompt of ", prompt_length, " tokens is too short for task ", task.name, ": its fixed parts take ", fixed,
          " tokens (at least ", fixed + 1, ")");
   s.question_tokens = int(tail.size());
 
@@ -502,7 +503,7 @@ RulerSample build_ruler_sample(const RulerSource& src, const RulerTaskInfo& task
     // counts are longer up to the tokens of the drawn words.
     const int64_t min_words = task.family == RulerFamily::kCwe ? 11 : 1;
     if (int64_t(build(min_words).size()) > budget)
-      fail("context length ", context_length, " is too short for task ", task.name, ": its smallest list does not fit");
+      fail("a prompt of ", prompt_length, " tokens is too short for task ", task.name, ": its smallest list does not fit");
     // (cwe cannot use more words than its pool holds)
     const int64_t max_words = task.family == RulerFamily::kCwe ? int64_t(pool.size()) : int64_t(1) << 24;
     int64_t lo = min_words, hi = std::min(min_words * 2, max_words);
@@ -541,13 +542,15 @@ RulerSample build_ruler_sample(const RulerSource& src, const RulerTaskInfo& task
       const int64_t m = int64_t(hay.unit_starts.size());
       for (size_t i : sample_without_replacement(rng, depths.size(), needles.size())) {
         const int64_t j = m * depths[i] / 100;
-        at.push_back(j < m ? hay.unit_starts[size_t(j)] : hay_budget);
+        // The end counts as a boundary only when the cut excerpt ends a sentence.
+        const bool clean_end = src.essay->ends_sentence[size_t(s.haystack_offset + hay_budget - 1) % src.essay->tokens.size()];
+        at.push_back(j < m ? hay.unit_starts[size_t(j)] : clean_end ? hay_budget : hay.unit_starts[size_t(m - 1)]);
       }
     } else {
       // RULER: random.sample(range(num_haystack), n) -- before distinct units, in order.
       const size_t m = hay.unit_starts.size();
       if (m < needles.size())
-        fail("context length ", context_length, " is too short for task ", task.name, ": ", m,
+        fail("a prompt of ", prompt_length, " tokens is too short for task ", task.name, ": ", m,
              " haystack units for ", needles.size(), " needles");
       for (size_t i : sample_without_replacement(rng, m, needles.size())) at.push_back(hay.unit_starts[i]);
     }
@@ -566,8 +569,8 @@ RulerSample build_ruler_sample(const RulerSource& src, const RulerTaskInfo& task
   s.tokens = header;
   s.tokens.insert(s.tokens.end(), context.begin(), context.end());
   s.tokens.insert(s.tokens.end(), tail.begin(), tail.end());
-  if (int64_t(s.tokens.size()) != context_length)
-    fail("RULER: internal error: ", task.name, " prompt has ", s.tokens.size(), " tokens, expected ", context_length);
+  if (int64_t(s.tokens.size()) != prompt_length)
+    fail("RULER: internal error: ", task.name, " prompt has ", s.tokens.size(), " tokens, expected ", prompt_length);
   return s;
 }
 

@@ -4,8 +4,8 @@
 // plus passkey (Landmark Attention) and kv_retrieval (InfiniteBench): prompt generators with
 // exact token lengths and RULER's scoring. Pure functions of (tokenizer, inputs, seed).
 //
-// Prompt, exactly `context_length` tokens (kvlab's convention, as NIAH: the answer's tokens come
-// on top; RULER counts them inside its max_seq_length):
+// Prompt, exactly `prompt_length` tokens (the evaluation passes RULER's max_seq_length minus the
+// task's tokens to generate, so prompt and answer fill the context length, as in RULER):
 //   [BOS] INTRO  CONTEXT  QUESTION+ANSWER_PREFIX
 // Every piece is tokenized on its own (encode_sentence, niah.h) and the token sequences are
 // concatenated, so a needle's tokens and position are exact whatever surrounds it. CONTEXT holds
@@ -103,7 +103,7 @@ struct RulerSource {
 };
 
 struct RulerSample {
-  std::vector<int32_t> tokens;          // [context_length]
+  std::vector<int32_t> tokens;          // [prompt_length]
   int question_tokens = 0;              // the last question_tokens tokens are QUESTION+ANSWER_PREFIX
   std::vector<int64_t> needle_pos;      // first token of each needle (vt: each chain statement), in order
   std::vector<int64_t> needle_tokens;   // their lengths
@@ -113,10 +113,11 @@ struct RulerSample {
   int pad_tokens = 0;                   // cwe/fwe: padding after the list
 };
 
-// Throws kvlab::Error when context_length cannot hold the task's fixed parts (naming the
-// shortest length that can).
-RulerSample build_ruler_sample(const RulerSource& source, const RulerTaskInfo& task, int context_length,
-                               uint64_t seed);
+// Throws kvlab::Error when prompt_length cannot hold the task's fixed parts (naming the
+// shortest length that can). cwe's frequencies switch at `context_length` 4096 (RULER's rule on
+// its max_seq_length).
+RulerSample build_ruler_sample(const RulerSource& source, const RulerTaskInfo& task, int prompt_length,
+                               int context_length, uint64_t seed);
 
 // RULER's metrics (scripts/eval/synthetic/constants.py), in [0, 1] (RULER reports x100):
 // match_all = mean over references of "the reference occurs in the prediction" (case-
