@@ -12,6 +12,7 @@
 #include "framework/core/error.h"
 #include "framework/experiment/cells.h"
 #include "framework/experiment/eval_columns.h"
+#include "framework/experiment/summary_rows.h"
 
 namespace kvlab {
 namespace {
@@ -448,7 +449,9 @@ void print_json(const ResultsFile& file, const AttrMap& root, const std::vector<
           << ", \"kv_bytes_peak\": " << json_number(c.kv_peak) << ", \"recall_mean\": " << json_number(c.recall) << "}";
       first = false;
     }
-  out << "\n  ]\n}\n";
+  out << "\n  ],\n  \"summaries\": ";
+  print_summary_rows_json(summary_rows(file), out, "  ");
+  out << "\n}\n";
 }
 
 void print_csv(const std::vector<RunRow>& runs, std::ostream& out) {
