@@ -28,6 +28,13 @@ double attr_number(const AttrMap& attrs, const std::string& name, double otherwi
   return otherwise;
 }
 
+std::string attr_text(const AttrValue& v) {
+  if (auto* s = std::get_if<std::string>(&v)) return *s;
+  if (auto* i = std::get_if<int64_t>(&v)) return std::to_string(*i);
+  if (auto* d = std::get_if<double>(&v)) return str_cat(*d);
+  return "[...]";
+}
+
 double finite_mean(const std::vector<double>& v) {
   double s = 0;
   int n = 0;

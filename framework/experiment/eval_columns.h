@@ -51,6 +51,8 @@ const std::vector<T>& values_of(const CellRecord& rec, const std::string& name, 
 // A numeric attribute as double; `otherwise` when absent or not a number.
 double attr_number(const AttrMap& attrs, const std::string& name,
                    double otherwise = std::numeric_limits<double>::quiet_NaN());
+// A scalar attribute as text (a string as is, numbers printed); "[...]" for a list.
+std::string attr_text(const AttrValue& v);
 // The mean of the finite values; NaN when there are none.
 double finite_mean(const std::vector<double>& v);
 

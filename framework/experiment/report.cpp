@@ -1,13 +1,12 @@
 #include "framework/experiment/report.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <limits>
-#include <optional>
 #include <set>
 #include <sstream>
-#include <algorithm>
-#include <cstdlib>
 
 #include "framework/core/error.h"
 #include "framework/experiment/cells.h"
@@ -15,18 +14,6 @@
 #include "framework/experiment/summary_rows.h"
 
 namespace kvlab {
-namespace {
-
-constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
-
-std::string attr_text(const AttrValue& v) {
-  if (auto* s = std::get_if<std::string>(&v)) return *s;
-  if (auto* i = std::get_if<int64_t>(&v)) return std::to_string(*i);
-  if (auto* d = std::get_if<double>(&v)) return str_cat(*d);
-  return "[...]";
-}
-
-}  // namespace
 
 ExperimentSpec experiment_of(const ResultsFile& file) {
   const AttrMap root = file.root_attrs();
@@ -77,6 +64,8 @@ bool natural_less(const std::string& a, const std::string& b) {
 }
 
 namespace {
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
 // One complete cell as the report sees it (NaN where the cell does not say).
 struct CellRow {
@@ -366,6 +355,7 @@ void print_text(const ResultsFile& file, const AttrMap& root, const std::vector<
     }
     print_table(out, t, 2);
   }
+  print_ruler_table(summary_rows(file), out);
 
   bool any_default = false;
   for (const RunRow& r : runs) any_default |= !defaulted(r.params, r.effective).empty();

@@ -8,6 +8,7 @@
 #include <limits>
 #include <set>
 #include <sstream>
+#include <tuple>
 
 #include "framework/core/error.h"
 #include "framework/experiment/eval_columns.h"
@@ -142,6 +143,54 @@ void print_summary_rows_json(const std::vector<SummaryRow>& rows, std::ostream& 
         << ", \"kv_kept_fraction\": " << json_num(r.kv_kept_fraction) << "}";
   }
   out << "\n" << indent << "]";
+}
+
+void print_ruler_table(const std::vector<SummaryRow>& rows, std::ostream& out) {
+  std::vector<std::string> tasks;  // in first-seen order
+  std::map<std::tuple<std::string, std::string, double>, std::map<std::string, double>> table;
+  std::vector<std::tuple<std::string, std::string, double>> order;
+  for (const SummaryRow& r : rows) {
+    if (r.kind != "ruler") continue;
+    if (std::find(tasks.begin(), tasks.end(), r.task) == tasks.end()) tasks.push_back(r.task);
+    const auto key = std::make_tuple(r.run, r.protocol, r.context_length);
+    if (!table.count(key)) order.push_back(key);
+    table[key][r.task] = r.score;
+  }
+  if (order.empty()) return;
+  auto cell = [](double v) {
+    char b[16];
+    std::snprintf(b, sizeof b, "%.2f", v);
+    return std::isfinite(v) ? std::string(b) : std::string("-");
+  };
+  std::vector<std::vector<std::string>> t{{"run", "protocol", "length"}};
+  for (const auto& task : tasks) t[0].push_back(task);
+  t[0].push_back("mean");
+  for (const auto& key : order) {
+    std::vector<std::string> row{std::get<0>(key), std::get<1>(key), str_cat(int64_t(std::get<2>(key)))};
+    double sum = 0;
+    int n = 0;
+    for (const auto& task : tasks) {
+      auto it = table[key].find(task);
+      row.push_back(it == table[key].end() ? "" : cell(it->second));
+      if (it != table[key].end() && std::isfinite(it->second)) sum += it->second, ++n;
+    }
+    row.push_back(n ? cell(sum / n) : "-");
+    t.push_back(std::move(row));
+  }
+  std::vector<size_t> w(t[0].size(), 0);
+  for (const auto& r : t)
+    for (size_t i = 0; i < r.size(); ++i) w[i] = std::max(w[i], r[i].size());
+  out << "\nRULER score (fraction of references found, RULER's string_match_all; passkey: the first number), "
+         "mean over samples\n";
+  for (const auto& r : t) {
+    std::string line;
+    for (size_t i = 0; i < r.size(); ++i) {
+      const std::string pad(w[i] - r[i].size(), ' ');
+      line += (i ? "  " : "") + (i < 2 ? r[i] + pad : pad + r[i]);
+    }
+    while (!line.empty() && line.back() == ' ') line.pop_back();
+    out << line << "\n";
+  }
 }
 
 std::vector<fs::path> export_kvpress(const ResultsFile& file, const fs::path& dir) {

@@ -31,6 +31,10 @@ std::vector<SummaryRow> summary_rows(const ResultsFile& file);
 // The rows as a JSON array (NaN as null).
 void print_summary_rows_json(const std::vector<SummaryRow>& rows, std::ostream& out, const std::string& indent);
 
+// The RULER scores as a table: one row per (run, protocol, context length), one column per task,
+// the mean over tasks last; nothing without RULER rows.
+void print_ruler_table(const std::vector<SummaryRow>& rows, std::ostream& out);
+
 // kvpress's evaluation layout (kvpress evaluation/evaluate.py: one directory per dataset x
 // model x press x ratio, "ruler__4096__MODEL__PRESS__0.75[__query_aware]", holding
 // predictions.csv (one row per sample: kvpress's task, question (the asked key or value), answer
