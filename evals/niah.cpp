@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <cstring>
 
 #include "framework/core/error.h"
 
@@ -19,16 +20,15 @@ const char* to_string(NeedlePlacement placement) {
   return placement == NeedlePlacement::kNearest ? "nearest" : "previous";
 }
 
+std::vector<int32_t> encode_sentence(const Tokenizer& tokenizer, const std::string& text) {
+  return tokenizer.encode(tokenizer.kind() == "bpe" ? " " + text : text);
+}
+
 namespace {
 
 bool piece_ends_sentence(std::string piece) {
   while (!piece.empty() && std::isspace(static_cast<unsigned char>(piece.back()))) piece.pop_back();
   return !piece.empty() && (piece.back() == '.' || piece.back() == '!' || piece.back() == '?');
-}
-
-// A sentence encoded on its own, as it reads after a previous sentence (see niah.h).
-std::vector<int32_t> encode_sentence(const Tokenizer& tokenizer, const std::string& text) {
-  return tokenizer.encode(tokenizer.kind() == "bpe" ? " " + text : text);
 }
 
 std::string replace_value(std::string templ, const std::string& value) {
@@ -129,6 +129,17 @@ bool value_matches(const std::string& answer, const std::string& value) {
 namespace {
 
 // Feeds the prompt by the protocol (niah.h); `tail` = decode_tail's tail or the question length.
+}  // namespace
+
+const char* niah_protocol_name(NiahProtocol p) {
+  switch (p) {
+    case NiahProtocol::kDecodeTail: return "decode_tail";
+    case NiahProtocol::kQueryAgnostic: return "query_agnostic";
+    case NiahProtocol::kQueryAware: return "query_aware";
+  }
+  return "?";
+}
+
 const std::vector<float>& feed_prompt(LmSequence& seq, const std::vector<int32_t>& tokens, int tail,
                                       NiahProtocol protocol) {
   const size_t head = tokens.size() - size_t(tail);
@@ -145,17 +156,6 @@ const std::vector<float>& feed_prompt(LmSequence& seq, const std::vector<int32_t
   const std::vector<float>* logits = &seq.prefill(all.first(head), false, true);
   for (size_t i = head; i < tokens.size(); ++i) logits = &seq.decode(tokens[i]);
   return *logits;
-}
-
-}  // namespace
-
-const char* niah_protocol_name(NiahProtocol p) {
-  switch (p) {
-    case NiahProtocol::kDecodeTail: return "decode_tail";
-    case NiahProtocol::kQueryAgnostic: return "query_agnostic";
-    case NiahProtocol::kQueryAware: return "query_aware";
-  }
-  return "?";
 }
 
 NiahScore run_niah_trial(LanguageModel& lm, const Tokenizer& tokenizer, const NiahPrompt& prompt,
@@ -201,6 +201,18 @@ NiahScore run_niah_trial(LanguageModel& lm, const Tokenizer& tokenizer, const Ni
   score.answer = tokenizer.decode(text_ids);
   score.correct = value_matches(score.answer, prompt.value);
   return score;
+}
+
+uint64_t trial_seed(uint64_t seed, int64_t context_length, double depth_percent, int trial) {
+  uint64_t depth_bits;
+  std::memcpy(&depth_bits, &depth_percent, sizeof depth_bits);
+  uint64_t state = seed;
+  uint64_t h = splitmix64(state);
+  for (uint64_t part : {uint64_t(context_length), depth_bits, uint64_t(trial)}) {
+    state = h ^ part;
+    h = splitmix64(state);
+  }
+  return h;
 }
 
 }  // namespace kvlab

@@ -37,6 +37,15 @@ namespace kvlab {
 // standard libraries, unlike std::uniform_int_distribution).
 uint64_t splitmix64(uint64_t& state);
 
+// SplitMix64-based seed for one NIAH trial: a pure function of its coordinates, so shards and
+// resumed runs draw the same needle values and haystack offsets. The run is deliberately not an
+// input: every policy sees the same prompts.
+uint64_t trial_seed(uint64_t seed, int64_t context_length, double depth_percent, int trial);
+
+// A sentence tokenized on its own, as it reads after a previous sentence: SentencePiece adds its
+// word-start space, a byte-level BPE tokenizer gets a leading space; no BOS.
+std::vector<int32_t> encode_sentence(const Tokenizer& tokenizer, const std::string& text);
+
 // A tokenized haystack text with its sentence ends.
 struct Haystack {
   std::vector<int32_t> tokens;
@@ -94,6 +103,13 @@ bool value_matches(const std::string& answer, const std::string& value);
 //                   prompt, the question inside the observation window
 enum class NiahProtocol { kDecodeTail, kQueryAgnostic, kQueryAware };
 const char* niah_protocol_name(NiahProtocol p);  // "decode_tail" | "query_agnostic" | "query_aware"
+
+// Feeds a prompt whose last `tail` tokens are the question under `protocol` and returns the
+// logits after its last token: query_aware prefills everything with the prompt-end signal;
+// query_agnostic prefills tokens[0, n - tail) with the signal, then the tail without it;
+// decode_tail prefills the head with the signal, then decodes the tail token by token.
+const std::vector<float>& feed_prompt(LmSequence& seq, const std::vector<int32_t>& tokens, int tail,
+                                      NiahProtocol protocol);
 
 // decode_tail_tokens < 0: the question's tokens (decode_tail only). `seed` starts the sequences
 // (LanguageModel::start).

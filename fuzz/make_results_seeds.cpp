@@ -94,8 +94,9 @@ void write_seed(const std::filesystem::path& path, const char* yaml, bool all_ce
     if (!all_cells && c.index % 2 == 1) continue;  // a shard's worth
     const RunSpec& run = runs[c.run];
     file.write_cell(run.name, c.id,
-                    c.kind == EvalKind::kNiah
-                        ? niah_cell(spec.niah.context_lengths[c.length_idx], spec.niah.depths[c.depth_idx])
+                    spec.evals[c.eval]->name() == "niah"
+                        ? niah_cell(niah_spec(spec).context_lengths[c.eval_cell / niah_spec(spec).depths.size()],
+                                    niah_spec(spec).depths[c.eval_cell % niah_spec(spec).depths.size()])
                         : ppl_cell());
   }
   if (summaries) write_summaries(file, spec);

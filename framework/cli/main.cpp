@@ -20,6 +20,7 @@ int run_tokenize(const std::vector<std::string>& args);
 int run_run(const std::vector<std::string>& args);
 int run_validate(const std::vector<std::string>& args);
 int run_merge(const std::vector<std::string>& args);
+int run_export(const std::vector<std::string>& args);
 int run_report(const std::vector<std::string>& args);
 int run_model_info(const std::vector<std::string>& args);
 int run_generate(const std::vector<std::string>& args);
@@ -40,6 +41,7 @@ constexpr Command kCommands[] = {
     {"run", "run an experiment YAML (NIAH, perplexity) into an HDF5 results file", &kvlab::cli::run_run},
     {"validate", "check an experiment YAML without running it", &kvlab::cli::run_validate},
     {"merge", "join the results files of sharded runs (kvlab run --shard I/N)", &kvlab::cli::run_merge},
+    {"export", "write a results file's RULER cells in kvpress's evaluation layout", &kvlab::cli::run_export},
     {"report", "print the summary tables of a results file", &kvlab::cli::run_report},
     {"models", "the registered models (scripts/setup_models.sh): names for --model and model.path", &kvlab::cli::run_models},
     {"model-info", "architecture, shapes, dtypes, parameters and KV bytes/token of a model file", &kvlab::cli::run_model_info},

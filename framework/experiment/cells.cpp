@@ -1,7 +1,6 @@
 #include "framework/experiment/cells.h"
 
 #include <cmath>
-#include <cstring>
 
 #include "evals/niah.h"
 #include "framework/core/error.h"
@@ -45,30 +44,16 @@ std::vector<RunSpec> expand_runs(const ExperimentSpec& spec) {
 
 std::vector<CellSpec> expand_cells(const ExperimentSpec& spec, const std::vector<RunSpec>& runs) {
   std::vector<CellSpec> cells;
-  for (size_t r = 0; r < runs.size(); ++r) {
-    if (spec.niah.enabled) {
-      for (size_t l = 0; l < spec.niah.context_lengths.size(); ++l)
-        for (size_t d = 0; d < spec.niah.depths.size(); ++d) {
-          CellSpec c;
-          c.run = int(r);
-          c.kind = EvalKind::kNiah;
-          c.length_idx = int(l);
-          c.depth_idx = int(d);
-          c.id = str_cat("niah_L", spec.niah.context_lengths[l], "_D", spec.niah.depths[d]);
-          cells.push_back(c);
-        }
-    }
-    if (spec.perplexity.enabled) {
-      for (size_t t = 0; t < spec.perplexity.text.size(); ++t) {
+  for (size_t r = 0; r < runs.size(); ++r)
+    for (size_t e = 0; e < spec.evals.size(); ++e)
+      for (size_t k = 0; k < spec.evals[e]->cell_count(); ++k) {
         CellSpec c;
         c.run = int(r);
-        c.kind = EvalKind::kPerplexity;
-        c.text_idx = int(t);
-        c.id = str_cat("ppl_T", t);
+        c.eval = int(e);
+        c.eval_cell = k;
+        c.id = spec.evals[e]->cell_id(k);
         cells.push_back(c);
       }
-    }
-  }
   for (size_t i = 0; i < cells.size(); ++i) cells[i].index = int(i);
   return cells;
 }
@@ -85,17 +70,5 @@ Shard parse_shard(const std::string& text) {
 }
 
 bool in_shard(const CellSpec& cell, const Shard& shard) { return cell.index % shard.count == shard.index; }
-
-uint64_t trial_seed(uint64_t seed, int64_t context_length, double depth_percent, int trial) {
-  uint64_t depth_bits;
-  std::memcpy(&depth_bits, &depth_percent, sizeof depth_bits);
-  uint64_t state = seed;
-  uint64_t h = splitmix64(state);
-  for (uint64_t part : {uint64_t(context_length), depth_bits, uint64_t(trial)}) {
-    state = h ^ part;
-    h = splitmix64(state);
-  }
-  return h;
-}
 
 }  // namespace kvlab

@@ -4,9 +4,10 @@
 //   run  = one policy entry with one value per parameter. A parameter given as a list expands
 //          into the cartesian product, in file order, the last parameter varying fastest; the run
 //          is named "NAME" (no list) or "NAME@key=value,key=value" (only the listed keys).
-//   cell = (run, niah, context length, depth): every seed x trial of that grid point, or
-//          (run, perplexity, text file).
-// Cells are numbered in a fixed order (runs outer; NIAH lengths, depths; then perplexity texts),
+//   cell = (run, evaluation, the evaluation's cell): NIAH (context length, depth) with every
+//          seed x trial of that grid point, perplexity (text file), RULER (task, length).
+// Cells are numbered in a fixed order (runs outer; then the evaluations in registry order, each
+// in its own order: NIAH lengths, depths; perplexity texts; RULER tasks, lengths),
 // so `--shard I/N` (cells with index % N == I) and `--resume` agree on what a cell is. Each cell
 // has a stable string id that names its group in the results file.
 #pragma once
@@ -27,16 +28,12 @@ struct RunSpec {
   int entry_index = 0;        // index into ExperimentSpec::policies
 };
 
-enum class EvalKind { kNiah, kPerplexity };
-
 struct CellSpec {
-  int index = 0;       // global order
-  int run = 0;         // index into runs
-  EvalKind kind = EvalKind::kNiah;
-  int length_idx = 0;  // NIAH: index into context_lengths
-  int depth_idx = 0;   // NIAH: index into depths
-  int text_idx = 0;    // perplexity: index into text
-  std::string id;      // "niah_L1024_D50" / "ppl_T0"
+  int index = 0;         // global order
+  int run = 0;           // index into runs
+  int eval = 0;          // index into ExperimentSpec::evals
+  size_t eval_cell = 0;  // the evaluation's own cell index (Evaluation::cell_id)
+  std::string id;        // "niah_L1024_D50" / "ppl_T0" / "ruler_niah_single_1_L1024"
 };
 
 std::vector<RunSpec> expand_runs(const ExperimentSpec& spec);
@@ -50,9 +47,6 @@ struct Shard {
 Shard parse_shard(const std::string& text);
 bool in_shard(const CellSpec& cell, const Shard& shard);
 
-// SplitMix64-based seed for one NIAH trial: a pure function of its coordinates, so shards and
-// resumed runs draw the same needle values and haystack offsets. The run is deliberately not an
-// input: every policy sees the same prompts.
-uint64_t trial_seed(uint64_t seed, int64_t context_length, double depth_percent, int trial);
+// trial_seed (the seed of one NIAH trial) is in evals/niah.h.
 
 }  // namespace kvlab

@@ -18,13 +18,6 @@
 
 namespace kvlab {
 
-std::string SourceRef::str() const {
-  std::string out = file;
-  if (line > 0) out += str_cat(":", line, ":", column);
-  if (!key_path.empty()) out += ": " + key_path;
-  return out;
-}
-
 
 uint64_t parse_byte_size(const std::string& text, const std::string& what) {
   const char* begin = text.c_str();
@@ -50,156 +43,6 @@ uint64_t parse_byte_size(const std::string& text, const std::string& what) {
 namespace {
 
 namespace fs = std::filesystem;
-
-// Typed access to a YAML tree that names file, line, column and key path in every error.
-class Reader {
- public:
-  explicit Reader(std::string file) : file_(std::move(file)) {}
-
-  SourceRef ref(const YAML::Node& node, const std::string& path) const {
-    SourceRef r{file_, 0, 0, path};
-    if (node.IsDefined() && node.Mark().line >= 0) {
-      r.line = node.Mark().line + 1;
-      r.column = node.Mark().column + 1;
-    }
-    return r;
-  }
-
-  template <class... Parts>
-  [[noreturn]] void error(const YAML::Node& node, const std::string& path, Parts&&... parts) const {
-    fail(ref(node, path).str(), ": ", std::forward<Parts>(parts)...);
-  }
-
-  static std::string describe(const YAML::Node& node) {
-    if (node.IsNull()) return "nothing";
-    if (node.IsSequence()) return "a list";
-    if (node.IsMap()) return "a mapping";
-    return "'" + node.Scalar() + "'";
-  }
-
-  // Checks that `node` is a mapping whose keys are all in `allowed` (no duplicates) and that
-  // every key of `required` is present.
-  void expect_map(const YAML::Node& node, const std::string& path,
-                  const std::vector<std::string>& allowed,
-                  const std::vector<std::string>& required = {}) const {
-    if (!node.IsMap())
-      error(node, path, "expected a mapping with keys ", join(allowed), ", got ", describe(node));
-    std::set<std::string> seen;
-    for (auto it = node.begin(); it != node.end(); ++it) {
-      const std::string key = it->first.Scalar();
-      const std::string key_path = path.empty() ? key : path + "." + key;
-      if (std::find(allowed.begin(), allowed.end(), key) == allowed.end()) {
-        const std::string near = nearest_name(key, allowed);
-        if (!near.empty())
-          error(it->first, key_path, "unknown key '", key, "' (did you mean '", near, "'?)");
-        error(it->first, key_path, "unknown key '", key, "'; expected one of ", join(allowed));
-      }
-      if (!seen.insert(key).second) error(it->first, key_path, "duplicate key '", key, "'");
-    }
-    for (const auto& key : required)
-      if (!node[key])
-        error(node, path, "missing required key '", key, "'");
-  }
-
-  std::string get_string(const YAML::Node& node, const std::string& path) const {
-    if (!node.IsScalar()) error(node, path, "expected a string, got ", describe(node));
-    return node.Scalar();
-  }
-
-  int64_t get_int(const YAML::Node& node, const std::string& path, int64_t min, int64_t max) const {
-    if (!node.IsScalar()) error(node, path, "expected an integer, got ", describe(node));
-    const std::string& s = node.Scalar();
-    char* end = nullptr;
-    errno = 0;
-    const long long v = std::strtoll(s.c_str(), &end, 10);
-    if (s.empty() || *end != '\0' || errno != 0)
-      error(node, path, "expected an integer, got '", s, "'");
-    if (v < min || v > max)
-      error(node, path, "expected an integer in [", min, ", ", max, "], got ", v);
-    return v;
-  }
-
-  double get_number(const YAML::Node& node, const std::string& path, double min, double max) const {
-    if (!node.IsScalar()) error(node, path, "expected a number, got ", describe(node));
-    const std::string& s = node.Scalar();
-    char* end = nullptr;
-    const double v = std::strtod(s.c_str(), &end);
-    if (s.empty() || *end != '\0' || !std::isfinite(v))
-      error(node, path, "expected a number, got '", s, "'");
-    if (v < min || v > max) error(node, path, "expected a number in [", min, ", ", max, "], got ", v);
-    return v;
-  }
-
-  bool get_bool(const YAML::Node& node, const std::string& path) const {
-    if (node.IsScalar()) {
-      const std::string& s = node.Scalar();
-      if (s == "true" || s == "True" || s == "yes") return true;
-      if (s == "false" || s == "False" || s == "no") return false;
-    }
-    error(node, path, "expected true or false, got ", describe(node));
-  }
-
-  std::string get_choice(const YAML::Node& node, const std::string& path,
-                         const std::vector<std::string>& choices) const {
-    const std::string s = get_string(node, path);
-    if (std::find(choices.begin(), choices.end(), s) != choices.end()) return s;
-    const std::string near = nearest_name(s, choices);
-    error(node, path, "expected one of ", join(choices, " | "), ", got '", s, "'",
-          near.empty() ? "" : " (did you mean '" + near + "'?)");
-  }
-
-  // A scalar or a list of scalars -> list of nodes with their paths.
-  std::vector<std::pair<YAML::Node, std::string>> one_or_list(const YAML::Node& node,
-                                                              const std::string& path) const {
-    std::vector<std::pair<YAML::Node, std::string>> out;
-    if (node.IsSequence()) {
-      if (node.size() == 0) error(node, path, "expected a non-empty list");
-      for (size_t i = 0; i < node.size(); ++i)
-        out.emplace_back(node[i], str_cat(path, "[", i, "]"));
-    } else if (node.IsScalar()) {
-      out.emplace_back(node, path);
-    } else {
-      error(node, path, "expected a value or a list of values, got ", describe(node));
-    }
-    return out;
-  }
-
-  // A scalar as a policy parameter: quoted scalars stay strings, plain ones are typed.
-  ParamValue get_param(const YAML::Node& node, const std::string& path) const {
-    if (!node.IsScalar())
-      error(node, path, "expected a number, true/false or a string, got ", describe(node));
-    if (node.Tag() == "!") return node.Scalar();  // quoted
-    return parse_param_text(node.Scalar());
-  }
-
-  static std::string join(const std::vector<std::string>& items, const char* sep = ", ") {
-    std::string out;
-    for (const auto& s : items) out += (out.empty() ? "" : sep) + s;
-    return out;
-  }
-
- private:
-  std::string file_;
-};
-
-// (std::filesystem::exists without an error_code throws for a name longer than the file system
-// allows; such a path simply does not exist here, and check_files_exist names it.)
-fs::path resolve_path(const std::string& text, const fs::path& yaml_file) {
-  fs::path p(text);
-  std::error_code ec;
-  if (p.is_absolute() || fs::exists(p, ec)) return p;
-  const fs::path beside = yaml_file.parent_path() / p;
-  if (fs::exists(beside, ec)) return beside;
-  return p;
-}
-
-std::vector<fs::path> read_paths(const Reader& r, const YAML::Node& node, const std::string& path,
-                                 const fs::path& yaml_file) {
-  std::vector<fs::path> out;
-  for (const auto& [n, p] : r.one_or_list(node, path))
-    out.push_back(resolve_path(r.get_string(n, p), yaml_file));
-  return out;
-}
 
 void parse_model(const Reader& r, const YAML::Node& node, const fs::path& file, ModelSpec& m) {
   r.expect_map(node, "model", {"path", "dtype", "threads", "tokenizer"}, {"path"});
@@ -288,89 +131,6 @@ void parse_policies(const Reader& r, const YAML::Node& node, std::vector<PolicyE
   }
 }
 
-void parse_niah(const Reader& r, const YAML::Node& node, const fs::path& file, NiahSpec& n) {
-  const std::string path = "evals.niah";
-  r.expect_map(node, path,
-               {"haystack", "context_lengths", "depths", "trials", "needle", "question",
-                "value_digits", "needle_placement", "max_answer_tokens", "decode_tail_tokens",
-                "protocol"},
-               {"haystack", "context_lengths", "depths"});
-  n.enabled = true;
-  n.ref = r.ref(node, path);
-  n.haystack = read_paths(r, node["haystack"], path + ".haystack", file);
-  for (const auto& [v, p] : r.one_or_list(node["context_lengths"], path + ".context_lengths"))
-    n.context_lengths.push_back(int(r.get_int(v, p, 16, 1 << 24)));
-  for (const auto& [v, p] : r.one_or_list(node["depths"], path + ".depths"))
-    n.depths.push_back(r.get_number(v, p, 0, 100));
-  if (node["trials"]) n.trials = int(r.get_int(node["trials"], path + ".trials", 1, 100000));
-  if (node["needle"]) {
-    n.needle = r.get_string(node["needle"], path + ".needle");
-    if (n.needle.find("{value}") == std::string::npos)
-      r.error(node["needle"], path + ".needle", "expected a sentence containing '{value}', got '",
-              n.needle, "'");
-  }
-  if (node["question"]) n.question = r.get_string(node["question"], path + ".question");
-  if (node["value_digits"])
-    n.value_digits = int(r.get_int(node["value_digits"], path + ".value_digits", 1, 18));
-  if (node["needle_placement"])
-    n.needle_placement = r.get_choice(node["needle_placement"], path + ".needle_placement",
-                                      {"nearest", "previous"}) == "nearest"
-                             ? NeedlePlacement::kNearest
-                             : NeedlePlacement::kPrevious;
-  if (node["max_answer_tokens"])
-    n.max_answer_tokens = int(r.get_int(node["max_answer_tokens"], path + ".max_answer_tokens", 1, 4096));
-  if (const YAML::Node t = node["decode_tail_tokens"]) {
-    if (t.IsScalar() && t.Scalar() == "question")
-      n.decode_tail_tokens = -1;
-    else
-      n.decode_tail_tokens = int(r.get_int(t, path + ".decode_tail_tokens", 0, 1 << 20));
-  }
-  if (node["protocol"]) {
-    const std::string p = r.get_choice(node["protocol"], path + ".protocol",
-                                       {"decode_tail", "query_agnostic", "query_aware"});
-    n.protocol = p == "query_aware"      ? NiahProtocol::kQueryAware
-                 : p == "query_agnostic" ? NiahProtocol::kQueryAgnostic
-                                         : NiahProtocol::kDecodeTail;
-    if (node["decode_tail_tokens"] && n.protocol != NiahProtocol::kDecodeTail)
-      r.error(node["decode_tail_tokens"], path + ".decode_tail_tokens",
-              "decode_tail_tokens applies to protocol decode_tail only, not ", p);
-  }
-}
-
-void parse_perplexity(const Reader& r, const YAML::Node& node, const fs::path& file,
-                      PerplexitySpec& s) {
-  const std::string path = "evals.perplexity";
-  r.expect_map(node, path,
-               {"text", "tokens", "protocol", "n_ctx", "window", "stride", "checkpoints"},
-               {"text"});
-  s.enabled = true;
-  s.ref = r.ref(node, path);
-  s.text = read_paths(r, node["text"], path + ".text", file);
-  if (node["tokens"]) s.tokens = int(r.get_int(node["tokens"], path + ".tokens", 2, 1 << 26));
-  if (node["protocol"]) {
-    const std::string p =
-        r.get_choice(node["protocol"], path + ".protocol", {"streaming", "chunked", "sliding"});
-    s.protocol = p == "streaming" ? PplProtocol::kStreaming
-                 : p == "chunked" ? PplProtocol::kChunked
-                                  : PplProtocol::kSliding;
-  }
-  if (node["n_ctx"]) s.n_ctx = int(r.get_int(node["n_ctx"], path + ".n_ctx", 4, 1 << 24));
-  if (node["window"]) s.window = int(r.get_int(node["window"], path + ".window", 2, 1 << 24));
-  if (node["stride"]) s.stride = int(r.get_int(node["stride"], path + ".stride", 1, 1 << 24));
-  if (s.protocol == PplProtocol::kChunked && s.tokens < 2 * s.n_ctx)
-    r.error(node["tokens"] ? node["tokens"] : node, path + ".tokens",
-            "the chunked protocol needs tokens >= 2 * n_ctx (", 2 * s.n_ctx, "), got ", s.tokens);
-  if (s.protocol == PplProtocol::kSliding && s.stride > s.window)
-    r.error(node["stride"], path + ".stride", "expected stride <= window (", s.window, "), got ",
-            s.stride);
-  if (node["checkpoints"]) {
-    for (const auto& [v, p] : r.one_or_list(node["checkpoints"], path + ".checkpoints"))
-      s.checkpoints.push_back(int(r.get_int(v, p, 1, 1 << 26)));
-    if (!std::is_sorted(s.checkpoints.begin(), s.checkpoints.end()))
-      r.error(node["checkpoints"], path + ".checkpoints", "expected increasing token counts");
-  }
-}
-
 }  // namespace
 
 ExperimentSpec parse_experiment_text(const std::string& text, const fs::path& file) {
@@ -407,10 +167,13 @@ ExperimentSpec parse_experiment_text(const std::string& text, const fs::path& fi
   spec.output = root["output"] ? fs::path(r.get_string(root["output"], "output"))
                                : fs::path("results") / (spec.name + ".h5");
   const YAML::Node evals = root["evals"];
-  r.expect_map(evals, "evals", {"niah", "perplexity"});
-  if (evals.size() == 0) r.error(evals, "evals", "expected at least one of niah, perplexity");
-  if (evals["niah"]) parse_niah(r, evals["niah"], file, spec.niah);
-  if (evals["perplexity"]) parse_perplexity(r, evals["perplexity"], file, spec.perplexity);
+  const EvaluationRegistry& registry = builtin_evaluations();
+  const std::vector<std::string> names = registry.names();
+  r.expect_map(evals, "evals", names);
+  if (evals.size() == 0) r.error(evals, "evals", "expected at least one of ", Reader::join(names));
+  for (const std::string& name : names)  // registry order: the cell order
+    if (const YAML::Node section = evals[name])
+      spec.evals.push_back(registry.find(name)->parse(EvalSection{r, section, "evals." + name, file}));
   check_grid_size(spec);
   return spec;
 }
@@ -433,12 +196,22 @@ uint64_t entry_runs(const PolicyEntry& e) {
 
 }  // namespace
 
+const NiahSpec& niah_spec(const ExperimentSpec& spec) {
+  static const NiahSpec kAbsent;
+  const NiahEvaluation* e = find_evaluation<NiahEvaluation>(spec);
+  return e ? e->spec() : kAbsent;
+}
+
+const PerplexitySpec& perplexity_spec(const ExperimentSpec& spec) {
+  static const PerplexitySpec kAbsent;
+  const PerplexityEvaluation* e = find_evaluation<PerplexityEvaluation>(spec);
+  return e ? e->spec() : kAbsent;
+}
+
 GridCount count_grid(const ExperimentSpec& spec) {
   GridCount g;
   for (const PolicyEntry& e : spec.policies) g.runs = saturating_add(g.runs, entry_runs(e));
-  if (spec.niah.enabled)
-    g.cells_per_run = saturating_mul(spec.niah.context_lengths.size(), spec.niah.depths.size());
-  if (spec.perplexity.enabled) g.cells_per_run = saturating_add(g.cells_per_run, spec.perplexity.text.size());
+  for (const auto& e : spec.evals) g.cells_per_run = saturating_add(g.cells_per_run, e->cell_count());
   g.cells = saturating_mul(g.runs, g.cells_per_run);
   return g;
 }
@@ -455,8 +228,7 @@ void check_grid_size(const ExperimentSpec& spec) {
     SourceRef ref = widest->params_ref;
     where = ref.str();
   } else {
-    const SourceRef& ref = spec.niah.enabled ? spec.niah.ref : spec.perplexity.ref;
-    where = ref.str();
+    where = spec.evals.empty() ? spec.file.string() : spec.evals.front()->ref().str();
   }
   auto count = [](uint64_t n) { return n == UINT64_MAX ? std::string("more than 2^64") : std::to_string(n); };
   fail(where, ": the experiment expands to ", count(g.runs), " runs x ", count(g.cells_per_run),
@@ -499,10 +271,8 @@ void check_files_exist(const ExperimentSpec& spec) {
   check(spec.model.path, "model.path");
   if (!spec.model.tokenizer.empty()) check(spec.model.tokenizer, "model.tokenizer");
   for (size_t i = 0; i < spec.plugins.size(); ++i) check(spec.plugins[i], str_cat("plugins[", i, "]"));
-  for (size_t i = 0; i < spec.niah.haystack.size(); ++i)
-    check(spec.niah.haystack[i], str_cat("evals.niah.haystack[", i, "]"));
-  for (size_t i = 0; i < spec.perplexity.text.size(); ++i)
-    check(spec.perplexity.text[i], str_cat("evals.perplexity.text[", i, "]"));
+  for (const auto& e : spec.evals)
+    for (const auto& [key, path] : e->input_files()) check(path, key);
 }
 
 void check_policies(const ExperimentSpec& spec, const PolicyLookup& lookup) {

@@ -17,14 +17,8 @@
 //   seeds: [int]                      default [0]
 //   output: path                      default results/<name>.h5
 //   max_cells: int                    refuse grids expanding past this many cells (1000000)
-//   evals:
-//     niah: {haystack: path | [paths], context_lengths: [int], depths: [0..100], trials: int,
-//            needle: str with {value}, question: str, value_digits: int,
-//            needle_placement: nearest|previous,
-//            max_answer_tokens: int, decode_tail_tokens: int | "question",
-//            protocol: decode_tail|query_agnostic|query_aware}
-//     perplexity: {text: path | [paths], tokens: int, protocol: streaming|chunked|sliding,
-//                  n_ctx: int (chunked), window: int, stride: int (sliding), checkpoints: [int]}
+//   evals: {NAME: {...}}            each section parsed by its evaluation (evals/evaluation.h):
+//     niah (evals/niah_eval.h), perplexity (evals/perplexity_eval.h), ruler (evals/ruler_eval.h)
 // Relative paths are resolved against the current directory, else against the YAML file's
 // directory (the first that exists; the current directory when neither does).
 #pragma once
@@ -35,25 +29,19 @@
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
-#include "evals/niah.h"
-#include "evals/perplexity.h"
+#include "evals/evaluation.h"
+#include "evals/niah_eval.h"
+#include "evals/perplexity_eval.h"
+#include "framework/experiment/yaml_reader.h"
 #include "framework/policy/params.h"
 
 namespace kvlab {
 
 class PolicyFactory;
-
-// Where a value came from, for error messages after parsing (registry checks, missing files).
-struct SourceRef {
-  std::string file;
-  int line = 0;          // 1-based; 0 = unknown
-  int column = 0;        // 1-based
-  std::string key_path;  // "policies[2].params.budget"
-  std::string str() const;  // "file:line:col: key.path"
-};
 
 struct ModelSpec {
   std::filesystem::path path;
@@ -87,34 +75,6 @@ struct PolicyEntry {
   SourceRef params_ref;
 };
 
-struct NiahSpec {
-  bool enabled = false;
-  std::vector<std::filesystem::path> haystack;
-  std::vector<int> context_lengths;
-  std::vector<double> depths;  // percent, 0..100
-  int trials = 1;
-  std::string needle = "The special magic number is {value}.";
-  std::string question = "What is the special magic number? The special magic number is";
-  int value_digits = 7;
-  NeedlePlacement needle_placement = NeedlePlacement::kNearest;  // evals/niah.h
-  int max_answer_tokens = 12;
-  int decode_tail_tokens = -1;  // -1 = the question's tokens
-  NiahProtocol protocol = NiahProtocol::kDecodeTail;  // evals/niah.h
-  SourceRef ref;
-};
-
-struct PerplexitySpec {
-  bool enabled = false;
-  std::vector<std::filesystem::path> text;
-  int tokens = 2048;  // tokens taken from the start of each text (after BOS)
-  PplProtocol protocol = PplProtocol::kStreaming;
-  int n_ctx = 512;    // chunked: window length
-  int window = 1024;  // sliding: window length
-  int stride = 512;   // sliding: stride
-  std::vector<int> checkpoints;  // running PPL after this many scored tokens (default: powers of 2)
-  SourceRef ref;
-};
-
 // The most cells an experiment may expand to unless its file says otherwise (max_cells:). A
 // cell is minutes of compute, and expansion builds every cell in memory: a grid whose lists
 // multiply past this is almost always a typo (or one list shared by every key through a YAML
@@ -134,17 +94,29 @@ struct ExperimentSpec {
   std::vector<std::filesystem::path> plugins;
   std::vector<uint64_t> seeds{0};
   std::filesystem::path output;
-  NiahSpec niah;
-  PerplexitySpec perplexity;
+  // evals:, one entry per section, in registry order (builtin_evaluations): the cells of a run
+  // are numbered in this order.
+  std::vector<std::shared_ptr<Evaluation>> evals;
   uint64_t max_cells = kDefaultMaxCells;  // max_cells: in the file (1 .. kMaxCellsLimit)
   SourceRef max_cells_ref;                // where it was set (empty when defaulted)
 };
+
+// The evaluation of type T, or nullptr when the file has no such section.
+template <class T>
+const T* find_evaluation(const ExperimentSpec& spec) {
+  for (const auto& e : spec.evals)
+    if (const T* t = dynamic_cast<const T*>(e.get())) return t;
+  return nullptr;
+}
+// The NIAH / perplexity sections (a disabled default when absent).
+const NiahSpec& niah_spec(const ExperimentSpec& spec);
+const PerplexitySpec& perplexity_spec(const ExperimentSpec& spec);
 
 // How many runs and cells the spec expands to (cells.h), counted from the list lengths without
 // building anything; saturates at UINT64_MAX instead of wrapping.
 struct GridCount {
   uint64_t runs = 0;           // sum over policy entries of the product of their list lengths
-  uint64_t cells_per_run = 0;  // NIAH lengths x depths + perplexity texts
+  uint64_t cells_per_run = 0;  // sum over evaluations of their cells
   uint64_t cells = 0;          // runs x cells_per_run
 };
 GridCount count_grid(const ExperimentSpec& spec);

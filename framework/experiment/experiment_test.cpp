@@ -74,24 +74,24 @@ TEST(Experiment, ParsesEveryField) {
   EXPECT_EQ(std::get<int64_t>(s.policies[1].params[1].second[0]), 4);
   EXPECT_EQ(s.seeds, (std::vector<uint64_t>{3, 4}));
   EXPECT_EQ(s.output, fs::path("results/demo.h5"));
-  EXPECT_TRUE(s.niah.enabled);
-  EXPECT_EQ(s.niah.haystack.size(), 2u);
-  EXPECT_EQ(s.niah.context_lengths, (std::vector<int>{256, 512}));
-  EXPECT_EQ(s.niah.depths, (std::vector<double>{0, 50, 100}));
-  EXPECT_EQ(s.niah.trials, 2);
-  EXPECT_EQ(s.niah.value_digits, 5);
-  EXPECT_EQ(s.niah.decode_tail_tokens, 4);
-  EXPECT_EQ(s.niah.needle, "The special magic number is {value}.");
-  EXPECT_EQ(s.niah.needle_placement, NeedlePlacement::kPrevious);
+  EXPECT_TRUE(niah_spec(s).enabled);
+  EXPECT_EQ(niah_spec(s).haystack.size(), 2u);
+  EXPECT_EQ(niah_spec(s).context_lengths, (std::vector<int>{256, 512}));
+  EXPECT_EQ(niah_spec(s).depths, (std::vector<double>{0, 50, 100}));
+  EXPECT_EQ(niah_spec(s).trials, 2);
+  EXPECT_EQ(niah_spec(s).value_digits, 5);
+  EXPECT_EQ(niah_spec(s).decode_tail_tokens, 4);
+  EXPECT_EQ(niah_spec(s).needle, "The special magic number is {value}.");
+  EXPECT_EQ(niah_spec(s).needle_placement, NeedlePlacement::kPrevious);
   // Unwritten, the needle goes to the nearest sentence boundary.
-  EXPECT_EQ(parse_experiment_text("model: {path: m.gguf}\npolicies: [{type: full}]\nevals: {niah: {haystack: h.txt, "
-                                  "context_lengths: [256], depths: [50]}}\n", "d.yaml")
-                .niah.needle_placement,
+  EXPECT_EQ(niah_spec(parse_experiment_text("model: {path: m.gguf}\npolicies: [{type: full}]\nevals: {niah: {haystack: h.txt, "
+                                            "context_lengths: [256], depths: [50]}}\n", "d.yaml"))
+                .needle_placement,
             NeedlePlacement::kNearest);
-  EXPECT_TRUE(s.perplexity.enabled);
-  EXPECT_EQ(s.perplexity.protocol, PplProtocol::kSliding);
-  EXPECT_EQ(s.perplexity.window, 256);
-  EXPECT_EQ(s.perplexity.stride, 128);
+  EXPECT_TRUE(perplexity_spec(s).enabled);
+  EXPECT_EQ(perplexity_spec(s).protocol, PplProtocol::kSliding);
+  EXPECT_EQ(perplexity_spec(s).window, 256);
+  EXPECT_EQ(perplexity_spec(s).stride, 128);
   EXPECT_EQ(s.yaml_text, kValid);
 }
 

@@ -1,67 +1,19 @@
 #include "framework/experiment/report.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <limits>
-#include <optional>
 #include <set>
 #include <sstream>
-#include <algorithm>
-#include <cstdlib>
 
 #include "framework/core/error.h"
 #include "framework/experiment/cells.h"
+#include "framework/experiment/eval_columns.h"
+#include "framework/experiment/summary_rows.h"
 
 namespace kvlab {
-namespace {
-
-constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
-
-// The cell's dataset `name` as a vector of T; with `n`, it must hold exactly n values (the
-// summaries index it per trial). `where` names the file and cell in errors.
-template <class T>
-const std::vector<T>& values_of(const CellRecord& rec, const std::string& name, const std::string& where = "",
-                                std::optional<size_t> n = std::nullopt) {
-  const std::string prefix = where.empty() ? "" : where + ": ";
-  auto it = rec.datasets.find(name);
-  if (it == rec.datasets.end()) fail(prefix, "cell lacks dataset '", name, "'");
-  const auto* v = std::get_if<std::vector<T>>(&it->second.data);
-  if (!v) fail(prefix, "cell dataset '", name, "' has an unexpected type");
-  if (n && v->size() != *n) fail(prefix, "cell dataset '", name, "' has ", v->size(), " values, expected ", *n);
-  return *v;
-}
-
-double attr_number(const AttrMap& attrs, const std::string& name, double otherwise = kNaN) {
-  auto it = attrs.find(name);
-  if (it == attrs.end()) return otherwise;
-  if (auto* i = std::get_if<int64_t>(&it->second)) return double(*i);
-  if (auto* d = std::get_if<double>(&it->second)) return *d;
-  return otherwise;
-}
-
-double mean_of(const std::vector<double>& v) {
-  double s = 0;
-  int n = 0;
-  for (double x : v)
-    if (std::isfinite(x)) s += x, ++n;
-  return n ? s / n : kNaN;
-}
-
-Dataset dataset(auto values, std::vector<uint64_t> shape = {}) {
-  Dataset d;
-  d.data = std::move(values);
-  d.shape = std::move(shape);
-  return d;
-}
-
-std::string attr_text(const AttrValue& v) {
-  if (auto* s = std::get_if<std::string>(&v)) return *s;
-  if (auto* i = std::get_if<int64_t>(&v)) return std::to_string(*i);
-  if (auto* d = std::get_if<double>(&v)) return str_cat(*d);
-  return "[...]";
-}
-
-}  // namespace
 
 ExperimentSpec experiment_of(const ResultsFile& file) {
   const AttrMap root = file.root_attrs();
@@ -83,93 +35,7 @@ void write_summaries(ResultsFile& file, const ExperimentSpec& spec) {
     if (std::find(present.begin(), present.end(), run.name) == present.end()) continue;
     const std::vector<std::string> complete = file.complete_cells(run.name);
     const std::set<std::string> done(complete.begin(), complete.end());
-    if (spec.niah.enabled) {
-      const auto& n = spec.niah;
-      const size_t L = n.context_lengths.size(), D = n.depths.size();
-      const size_t T = spec.seeds.size() * size_t(n.trials);
-      std::vector<int8_t> correct(L * D * T, -1);
-      std::vector<double> logprob(L * D * T, kNaN), accuracy(L * D, kNaN), kv(L * D, kNaN),
-          recall(L * D, kNaN), tps(L * D, kNaN);
-      std::vector<int64_t> first_wrong(L * D * T, -1), needle(L * D * T, -1);
-      std::vector<std::string> answers(L * D * T), values(L * D * T);
-      for (size_t l = 0; l < L; ++l)
-        for (size_t d = 0; d < D; ++d) {
-          const std::string id = str_cat("niah_L", n.context_lengths[l], "_D", n.depths[d]);
-          if (!done.count(id)) continue;
-          const CellRecord rec = file.read_cell(run.name, id);
-          const std::string where = str_cat(file.path().string(), ": ", run.name, "/", id);
-          const auto& c = values_of<int8_t>(rec, "correct");
-          if (c.size() != T) fail(file.path().string(), ": cell ", run.name, "/", id, " has ", c.size(), " trials, expected ", T);
-          const size_t base = (l * D + d) * T;
-          // Per-trial datasets must have T entries each (a corrupt file may say otherwise).
-          const auto& lp = values_of<double>(rec, "value_logprob", where, T);
-          const auto& fw = values_of<int64_t>(rec, "first_wrong_token", where, T);
-          const auto& np = values_of<int64_t>(rec, "needle_pos", where, T);
-          const auto& an = values_of<std::string>(rec, "answers", where, T);
-          const auto& va = values_of<std::string>(rec, "values", where, T);
-          int n_correct = 0;
-          for (size_t t = 0; t < T; ++t) {
-            correct[base + t] = c[t];
-            n_correct += c[t] == 1;
-            logprob[base + t] = lp[t];
-            first_wrong[base + t] = fw[t];
-            needle[base + t] = np[t];
-            answers[base + t] = an[t];
-            values[base + t] = va[t];
-          }
-          accuracy[l * D + d] = double(n_correct) / double(T);
-          std::vector<double> kvd;
-          for (int64_t b : values_of<int64_t>(rec, "kv_bytes_peak", where)) kvd.push_back(double(b));
-          kv[l * D + d] = mean_of(kvd);
-          recall[l * D + d] = mean_of(values_of<double>(rec, "recall_mean", where));
-          tps[l * D + d] = attr_number(rec.attrs, "tokens_per_s");
-        }
-      std::vector<int64_t> lengths(n.context_lengths.begin(), n.context_lengths.end());
-      const std::vector<uint64_t> ldt{L, D, T}, ld{L, D};
-      file.write_summary(run.name, "niah",
-                         {{"context_lengths", dataset(lengths)},
-                          {"depths", dataset(n.depths)},
-                          {"correct", dataset(correct, ldt)},
-                          {"value_logprob", dataset(logprob, ldt)},
-                          {"first_wrong_token", dataset(first_wrong, ldt)},
-                          {"needle_positions", dataset(needle, ldt)},
-                          {"answers", dataset(answers, ldt)},
-                          {"values", dataset(values, ldt)},
-                          {"accuracy", dataset(accuracy, ld)},
-                          {"kv_bytes_peak", dataset(kv, ld)},
-                          {"recall_mean", dataset(recall, ld)},
-                          {"tokens_per_s", dataset(tps, ld)}},
-                         {{"cells_complete", int64_t(std::count_if(complete.begin(), complete.end(),
-                                                                   [](auto& c) { return c.rfind("niah_", 0) == 0; }))},
-                          {"cells_total", int64_t(L * D)}});
-    }
-    if (spec.perplexity.enabled) {
-      const size_t X = spec.perplexity.text.size();
-      std::vector<double> ppl(X, kNaN), se(X, kNaN), kv(X, kNaN), recall(X, kNaN), tps(X, kNaN);
-      std::vector<int64_t> scored(X, 0);
-      for (size_t x = 0; x < X; ++x) {
-        const std::string id = str_cat("ppl_T", x);
-        if (!done.count(id)) continue;
-        const CellRecord rec = file.read_cell(run.name, id);
-        ppl[x] = attr_number(rec.attrs, "ppl");
-        se[x] = attr_number(rec.attrs, "ppl_stderr");
-        const double n_scored = attr_number(rec.attrs, "n_scored", 0);
-        if (!(std::fabs(n_scored) < 0x1p63))  // NaN or past int64: not a count
-          fail(file.path().string(), ": ", run.name, "/", id, ": attribute n_scored = ", n_scored, " is not a count");
-        scored[x] = int64_t(n_scored);
-        kv[x] = attr_number(rec.attrs, "kv_bytes_peak");
-        recall[x] = attr_number(rec.attrs, "recall_mean");
-        tps[x] = attr_number(rec.attrs, "tokens_per_s");
-      }
-      std::vector<std::string> texts;
-      for (const auto& t : spec.perplexity.text) texts.push_back(t.string());
-      file.write_summary(run.name, "perplexity",
-                         {{"ppl", dataset(ppl)}, {"ppl_stderr", dataset(se)},
-                          {"n_scored", dataset(scored)}, {"kv_bytes_peak", dataset(kv)},
-                          {"recall_mean", dataset(recall)}, {"tokens_per_s", dataset(tps)},
-                          {"texts", dataset(texts)}},
-                         {{"protocol", std::string(to_string(spec.perplexity.protocol))}});
-    }
+    for (const auto& e : spec.evals) e->summarise(SummaryContext{file, run.name, done, spec.seeds});
   }
 }
 
@@ -198,6 +64,8 @@ bool natural_less(const std::string& a, const std::string& b) {
 }
 
 namespace {
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
 // One complete cell as the report sees it (NaN where the cell does not say).
 struct CellRow {
@@ -257,7 +125,7 @@ std::vector<RunRow> collect(const ResultsFile& file, const AttrMap& root) {
       c.logprob = attr_number(a, "value_logprob_mean");
       if (c.kind == "niah" && !a.count("value_logprob_mean")) {  // schema 1: from the dataset
         std::vector<double> lp = values_of<double>(file.read_cell(run, cell), "value_logprob");
-        c.logprob = mean_of(lp);
+        c.logprob = finite_mean(lp);
       }
       c.ppl = attr_number(a, "ppl");
       c.ppl_se = attr_number(a, "ppl_stderr");
@@ -487,6 +355,7 @@ void print_text(const ResultsFile& file, const AttrMap& root, const std::vector<
     }
     print_table(out, t, 2);
   }
+  print_ruler_table(summary_rows(file), out);
 
   bool any_default = false;
   for (const RunRow& r : runs) any_default |= !defaulted(r.params, r.effective).empty();
@@ -570,7 +439,9 @@ void print_json(const ResultsFile& file, const AttrMap& root, const std::vector<
           << ", \"kv_bytes_peak\": " << json_number(c.kv_peak) << ", \"recall_mean\": " << json_number(c.recall) << "}";
       first = false;
     }
-  out << "\n  ]\n}\n";
+  out << "\n  ],\n  \"summaries\": ";
+  print_summary_rows_json(summary_rows(file), out, "  ");
+  out << "\n}\n";
 }
 
 void print_csv(const std::vector<RunRow>& runs, std::ostream& out) {

@@ -14,7 +14,6 @@
 #include "framework/core/error.h"
 #include "framework/engine/engine.h"
 #include "framework/experiment/engine_lm.h"
-#include "framework/experiment/eval_cells.h"
 #include "framework/experiment/progress.h"
 #include "framework/experiment/report.h"
 #include "framework/experiment/results.h"
@@ -28,14 +27,6 @@ namespace kvlab {
 namespace {
 
 namespace fs = std::filesystem;
-
-std::string read_text(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  if (!in) fail(p.string(), ": cannot read");
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
 
 std::string model_config_json(const ModelConfig& c) {
   return str_cat("{\"arch\": \"", c.arch, "\", \"dim\": ", c.dim, ", \"n_layers\": ", c.n_layers,
@@ -96,11 +87,7 @@ void dry_run(const ExperimentSpec& spec, const std::vector<RunSpec>& runs,
     if (!in_shard(cell, o.shard)) continue;
     ++n;
     const RunSpec& run = runs[cell.run];
-    const int64_t tokens = cell.kind == EvalKind::kNiah
-                               ? spec.niah.context_lengths[cell.length_idx] + spec.niah.max_answer_tokens
-                           : spec.perplexity.protocol == PplProtocol::kStreaming ? spec.perplexity.tokens
-                           : spec.perplexity.protocol == PplProtocol::kChunked   ? spec.perplexity.n_ctx
-                                                                                 : spec.perplexity.window;
+    const int64_t tokens = spec.evals[cell.eval]->cell_tokens(cell.eval_cell);
     const auto policy = registry.create(run.type, run.params, policy_shape(c), "policies." + run.name + ".params");
     // Resident tokens rounded up to whole blocks per layer (the store's unit).
     const int64_t per_layer = resident_token_layers(*policy, c, tokens) / c.n_layers;
@@ -129,19 +116,7 @@ std::vector<std::string> check_experiment_against_model(const ExperimentSpec& sp
   const std::string limit = spec.engine.max_tokens > 0
                                 ? str_cat("engine.max_tokens (", max_tokens, ")")
                                 : str_cat("the model's context (", max_tokens, " tokens; engine.max_tokens raises it)");
-  if (spec.niah.enabled)
-    for (size_t i = 0; i < spec.niah.context_lengths.size(); ++i)
-      if (spec.niah.context_lengths[i] + spec.niah.max_answer_tokens > max_tokens)
-        fail(spec.niah.ref.str(), ".context_lengths[", i, "]: ", spec.niah.context_lengths[i],
-             " + max_answer_tokens ", spec.niah.max_answer_tokens, " exceeds ", limit);
-  if (spec.perplexity.enabled) {
-    const auto& p = spec.perplexity;
-    // (streaming runs until the limit and records where it stopped)
-    const int64_t window = p.protocol == PplProtocol::kChunked   ? p.n_ctx
-                           : p.protocol == PplProtocol::kSliding ? p.window
-                                                                 : 0;
-    if (window > max_tokens) fail(p.ref.str(), ": window of ", window, " tokens exceeds ", limit);
-  }
+  for (const auto& e : spec.evals) e->check_limit(TokenLimit{max_tokens, limit});
   for (size_t i = 0; i < spec.engine.probe_layers.size(); ++i)
     if (spec.engine.probe_layers[i] >= config.n_layers)
       fail(spec.file.string(), ": engine.probe_layers[", i, "]: layer ", spec.engine.probe_layers[i],
@@ -150,10 +125,7 @@ std::vector<std::string> check_experiment_against_model(const ExperimentSpec& sp
   // Every grid point is built for this model (a policy may reject a shape), and settings that
   // run but cannot differ from full attention are named.
   int64_t longest = 0;
-  if (spec.niah.enabled)
-    for (int l : spec.niah.context_lengths) longest = std::max<int64_t>(longest, l + spec.niah.max_answer_tokens);
-  if (spec.perplexity.enabled) longest = std::max<int64_t>(longest, spec.perplexity.tokens);
-  const bool prefill_only_ppl = spec.perplexity.enabled && spec.perplexity.protocol != PplProtocol::kStreaming;
+  for (const auto& e : spec.evals) longest = std::max(longest, e->longest_tokens());
   for (const RunSpec& run : expand_runs(spec)) {
     // A combination of values the policy refuses (each value alone passed check_policies) is
     // reported at the entry's params line, naming the grid point.
@@ -171,14 +143,10 @@ std::vector<std::string> check_experiment_against_model(const ExperimentSpec& sp
       warnings.push_back(str_cat(spec.policies[run.entry_index].ref.str(), ": run ", run.name,
                                  ": its budget keeps every token up to the longest input (", longest,
                                  " tokens), so it equals full attention"));
-    auto prefill = effective.find("prefill");
-    if (prefill_only_ppl && run.type == "landmark" && prefill != effective.end() &&
-        prefill->second == ParamValue(std::string("dense")))
-      warnings.push_back(str_cat(spec.policies[run.entry_index].ref.str(), ": run ", run.name, ": the ",
-                                 to_string(spec.perplexity.protocol),
-                                 " perplexity protocol scores prefill logits only and landmark's prefill is "
-                                 "dense (prefill: dense), so its perplexity equals full attention's; use "
-                                 "protocol: streaming or prefill: select"));
+    for (const auto& e : spec.evals) {
+      const std::string w = e->policy_warning(run.type, effective);
+      if (!w.empty()) warnings.push_back(str_cat(spec.policies[run.entry_index].ref.str(), ": run ", run.name, ": ", w));
+    }
   }
   return warnings;
 }
@@ -214,33 +182,7 @@ std::string cell_identity(const ExperimentSpec& spec, const RunSpec& run,
   for (const auto& [k, v] : effective_params) line("policy." + k, to_string(v));
   line("seeds", ints(spec.seeds));
   line("cell", cell.id);
-  if (cell.kind == EvalKind::kNiah) {
-    const NiahSpec& n = spec.niah;
-    std::string hay;
-    for (const auto& h : n.haystack) hay += (hay.empty() ? "" : ",") + digest(h);
-    line("niah.haystack_sha256", "[", hay, "]");
-    line("niah.context_length", n.context_lengths[cell.length_idx]);
-    line("niah.depth", n.depths[cell.depth_idx]);
-    line("niah.trials", n.trials);
-    line("niah.needle", n.needle);
-    line("niah.question", n.question);
-    line("niah.value_digits", n.value_digits);
-    line("niah.needle_placement", to_string(n.needle_placement));
-    line("niah.max_answer_tokens", n.max_answer_tokens);
-    line("niah.decode_tail_tokens", n.decode_tail_tokens);
-    // Written only when not the default, so cells of files from before the protocols keep
-    // their identity (resume, merge).
-    if (n.protocol != NiahProtocol::kDecodeTail) line("niah.protocol", niah_protocol_name(n.protocol));
-  } else {
-    const PerplexitySpec& p = spec.perplexity;
-    line("perplexity.text_sha256", digest(p.text[cell.text_idx]));
-    line("perplexity.tokens", p.tokens);
-    line("perplexity.protocol", to_string(p.protocol));
-    line("perplexity.n_ctx", p.n_ctx);
-    line("perplexity.window", p.window);
-    line("perplexity.stride", p.stride);
-    line("perplexity.checkpoints", ints(p.checkpoints));
-  }
+  id += spec.evals[cell.eval]->identity(cell.eval_cell, digest);
   return id;
 }
 
@@ -281,32 +223,8 @@ int run_experiment(const ExperimentSpec& spec, const RunOptions& o) {
            "): one token needs ", block_bytes * config.n_layers, " bytes; 0 = room for the model's context");
   }
 
-  // Inputs, tokenized once.
-  CellInputs in{spec, tokenizer, std::nullopt, {}};
-  if (spec.niah.enabled) {
-    std::string text;
-    for (const auto& h : spec.niah.haystack) text += (text.empty() ? "" : "\n\n") + read_text(h);
-    in.haystack = make_haystack(tokenizer, text);
-    // Every length must hold BOS + needle + question: find out now, naming the key.
-    const NiahOptions opt{spec.niah.needle, spec.niah.question, spec.niah.value_digits,
-                          spec.niah.needle_placement};
-    for (size_t i = 0; i < spec.niah.context_lengths.size(); ++i) {
-      try {
-        build_niah_prompt(tokenizer, *in.haystack, opt, spec.niah.context_lengths[i], 50, 0);
-      } catch (const Error& e) {
-        fail(spec.niah.ref.str(), ".context_lengths[", i, "]: ", e.what());
-      }
-    }
-  }
-  for (size_t i = 0; i < spec.perplexity.text.size(); ++i) {
-    std::vector<int32_t> t = tokenizer.encode(read_text(spec.perplexity.text[i]),
-                                              EncodeOptions{.add_bos = tokenizer.bos_id() >= 0});
-    if (int64_t(t.size()) < spec.perplexity.tokens)
-      fail(spec.perplexity.ref.str(), ".text[", i, "]: ", spec.perplexity.text[i].string(), " has ",
-           t.size(), " tokens, fewer than tokens: ", spec.perplexity.tokens);
-    t.resize(spec.perplexity.tokens);
-    in.ppl_tokens.push_back(std::move(t));
-  }
+  // Inputs, tokenized once (errors name the key).
+  for (const auto& e : spec.evals) e->prepare(tokenizer);
 
   // Cell identities: what each cell computes, independent of the YAML's wording.
   IdentityInputs ids;
@@ -316,8 +234,8 @@ int run_experiment(const ExperimentSpec& spec, const RunOptions& o) {
                : o.device == Device::kEmulated ? str_cat("emulated ", device_dtype_name(o.device_dtype))
                                         : std::string("cpu");
   if (!spec.model.tokenizer.empty()) ids.file_sha256[spec.model.tokenizer.string()] = sha256_of_path(spec.model.tokenizer);
-  for (const auto& h : spec.niah.haystack) ids.file_sha256[h.string()] = sha256_of_path(h);
-  for (const auto& t : spec.perplexity.text) ids.file_sha256[t.string()] = sha256_of_path(t);
+  for (const auto& e : spec.evals)
+    for (const auto& [key, path] : e->input_files()) ids.file_sha256[path.string()] = sha256_of_path(path);
   std::vector<std::map<std::string, ParamValue>> effective;
   for (const RunSpec& run : runs)
     effective.push_back(registry.effective_params(run.type, run.params, policy_shape(config), "policies." + run.name + ".params"));
@@ -439,7 +357,8 @@ int run_experiment(const ExperimentSpec& spec, const RunOptions& o) {
     }
     CellRecord rec;
     try {
-      rec = cell->kind == EvalKind::kNiah ? run_niah_cell(*cell, lm, in, config) : run_ppl_cell(*cell, lm, in, config);
+      EvalContext ctx{lm, tokenizer, config, spec.seeds};
+      rec = spec.evals[cell->eval]->run_cell(cell->eval_cell, ctx);
     } catch (const KvPoolExhausted& e) {
       if (progress) progress->finish();
       fail(spec.file.string(), ": kv.budget_bytes = ",
@@ -457,11 +376,7 @@ int run_experiment(const ExperimentSpec& spec, const RunOptions& o) {
     file->write_cell(run.name, cell->id, rec);
     ++n_run;
     if (progress) {
-      const std::string outcome =
-          cell->kind == EvalKind::kNiah
-              ? str_cat("accuracy ", std::get<double>(rec.attrs.at("accuracy")))
-              : str_cat("ppl ", std::get<double>(rec.attrs.at("ppl")));
-      progress->cell_finished(outcome);
+      progress->cell_finished(spec.evals[cell->eval]->outcome(rec));
     }
   }
   if (progress) progress->finish();
