@@ -54,7 +54,7 @@ void parse_model(const Reader& r, const YAML::Node& node, const fs::path& file, 
     if (auto reg = find_registered_model(text)) m.path = reg->file;
   m.path_ref = r.ref(node["path"], "model.path");
   if (node["dtype"])
-    m.dtype = r.get_choice(node["dtype"], "model.dtype", {"keep", "f32", "f16", "bf16", "q8_0"});
+    m.dtype = r.get_choice(node["dtype"], "model.dtype", {"keep", "f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k"});
   if (node["threads"]) m.threads = int(r.get_int(node["threads"], "model.threads", 0, 1024));
   if (node["tokenizer"])
     m.tokenizer = resolve_path(r.get_string(node["tokenizer"], "model.tokenizer"), file);
