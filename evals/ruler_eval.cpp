@@ -19,7 +19,7 @@ const std::vector<RulerFamily> kFamilyIds = {RulerFamily::kNiah, RulerFamily::kV
                                              RulerFamily::kFwe, RulerFamily::kPasskey, RulerFamily::kKvRetrieval};
 
 RulerTemplates parse_templates(const Reader& r, const YAML::Node& node, const std::string& path) {
-  const std::vector<std::string> sets = {"ruler", "kvlab-tiny"};
+  const std::vector<std::string> sets = {"instruct", "kvlab-tiny"};
   if (node.IsScalar()) return *builtin_ruler_templates(r.get_choice(node, path, sets));
   std::vector<std::string> keys = kFamilies;
   keys.insert(keys.begin(), "base");

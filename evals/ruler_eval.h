@@ -3,7 +3,7 @@
 //
 //   ruler: {tasks: [name] | all, context_lengths: [int], samples: int (per seed),
 //           protocol: query_agnostic | query_aware | [both], haystack: noise | PATH,
-//           templates: ruler | kvlab-tiny | {base: ruler | kvlab-tiny,
+//           templates: instruct | kvlab-tiny | {base: instruct | kvlab-tiny,
 //                                            FAMILY: {intro, needle, question, answer_prefix}},
 //           max_answer_tokens: int (default: each task's RULER length)}
 // FAMILY is niah, vt, cwe, fwe, passkey or kv_retrieval. haystack PATH is the essay role (any

@@ -35,7 +35,9 @@ const std::vector<RulerTaskInfo> kTasks = {
 };
 
 // The passkey filler (POLICIES.md 7), RULER's "repeat" haystack and vt's noise.
-constexpr const char* kNoise = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again.";
+// The noise haystack's repeated unit: five short plain sentences (RULER repeats such a line; the
+// words here are kvlab's).
+constexpr const char* kNoise = "The river is wide. The hill is quiet. The road is long. On we walk. Far and home again.";
 
 // RULER niah.py: needle depths, np.round(np.linspace(0, 100, num=40)).
 std::vector<int> ruler_depths() {
@@ -204,36 +206,29 @@ const RulerTemplate& RulerTemplates::of(RulerFamily f) const { return const_cast
 std::optional<RulerTemplates> builtin_ruler_templates(const std::string& name) {
   RulerTemplates t;
   t.name = name;
-  if (name == "ruler") {
-    // The benchmark's prompts (NVIDIA/RULER scripts/data/synthetic/constants.py TASKS and the
-    // needle of niah.py), split at {context}; passkey after Landmark Attention's prompt,
-    // kv_retrieval after InfiniteBench's. The words are the benchmark's definition:
-    // comparability on real models needs them verbatim.
-    t.niah = {"Some special magic {types} are hidden within the following text. Make sure to memorize it. "
-              "I will quiz you about the {types} afterwards.\n",
-              "One of the special magic {types} for {key} is: {value}.",
-              "\nWhat are all the special magic {types} for {query} mentioned in the provided text?",
-              " The special magic {types} for {query} mentioned in the provided text are"};
-    t.vt = {"Memorize and track the chain(s) of variable assignment hidden in the following text.\n\n", "",
-            "\nQuestion: Find all variables that are assigned the value {query} in the text above.",
-            " Answer: According to the chain(s) of variable assignment in the text above, {num_v} variables are "
-            "assgined the value {query}, they are: "};
-    t.cwe = {"Below is a numbered list of words. In these words, some appear more often than others. Memorize the "
-             "ones that appear most often.\n", "",
-             "\nQuestion: What are the 10 most common words in the above list?",
-             " Answer: The top 10 words that appear most often in the list are:"};
-    t.fwe = {"Read the following coded text and track the frequency of each coded word. Find the three most "
-             "frequently appeared coded words. ", "",
-             "\nQuestion: Do not provide any explanation. Please ignore the dots '....'. What are the three most "
-             "frequently appeared words in the above coded text?",
-             " Answer: According to the coded text above, the three most frequently appeared words are:"};
-    t.passkey = {"There is an important info hidden inside a lot of irrelevant text. Find it and memorize them. I will "
-                 "quiz you about the important information there.",
+  if (name == "instruct") {
+    // RULER's prompt structure (an instruction, the haystack, a question, an answer prefix:
+    // NVIDIA/RULER scripts/data/synthetic/constants.py) in kvlab's own words, for
+    // instruction-tuned models. RULER's own strings are not shipped (the project copies no
+    // text); give them as a `templates:` mapping to compare with published RULER numbers.
+    t.niah = {"The text below hides special {types}. Remember them: questions about them follow.\n",
+              "The special {type_one} for {key} is: {value}.",
+              "\nList every special {type} for {query} given in the text above.",
+              " Special {type} for {query}:"};
+    t.vt = {"The text below hides chains of variable assignments. Follow each chain.\n\n", "",
+            "\nQuestion: which variables end up holding the value {query}?",
+            " Answer: the {num_v} variables holding the value {query} are: "};
+    t.cwe = {"Below is a numbered list of words; some appear more often than the others. Keep count.\n", "",
+             "\nQuestion: which 10 words appear most often in the list above?",
+             " Answer: the 10 most frequent words are:"};
+    t.fwe = {"Count how often each coded word occurs in the coded text below. ", "",
+             "\nQuestion: ignoring the dots '....', which three coded words occur most often? Give no explanation.",
+             " Answer: the three most frequent coded words are:"};
+    t.passkey = {"A pass key is hidden somewhere in the irrelevant text below. Find it and remember it.",
                  "The pass key is {value}. Remember it. {value} is the pass key.", "What is the pass key?",
                  " The pass key is"};
-    t.kv_retrieval = {"Extract the value corresponding to the specified key in the JSON object below.\n\nJSON data:\n{",
-                      "\"{key}\": \"{value}\",", "}\n\nKey: \"{query}\"\n",
-                      "The value associated with the specified key is:"};
+    t.kv_retrieval = {"Find the value of the requested key in the JSON object below.\n\nJSON data:\n{",
+                      "\"{key}\": \"{value}\",", "}\n\nKey: \"{query}\"\n", "Value of that key:"};
     return t;
   }
   if (name == "kvlab-tiny") {
@@ -288,7 +283,6 @@ RulerSample build_ruler_sample(const RulerSource& src, const RulerTaskInfo& task
   const auto noise = encode_sentence(tok, kNoise);
   std::vector<int32_t> header;
   if (tok.bos_id() >= 0) header.push_back(tok.bos_id());
-  bool ruler_singular = false;
   switch (task.family) {
     case RulerFamily::kNiah: {
       // RULER niah.py generate_input_output: num_k = max(num_k, num_q) keys, num_v values each;
@@ -315,9 +309,6 @@ RulerSample build_ruler_sample(const RulerSource& src, const RulerTaskInfo& task
       f.query = join_queries(queries);
       const bool one = task.num_queries * task.num_values == 1;
       f.type = one ? f.type_one : f.types;
-      // RULER rewrites its plural template for a single answer ('Some' -> 'A', 'are all' ->
-      // 'is', 'are' -> 'is', type without its 's'); only for its own template set.
-      ruler_singular = one && src.templates.name == "ruler";
       if (task.haystack == RulerHaystack::kNeedle) {
         distractor = [&tok, &tpl, &rng, &task, types = f.types] {
           return encode_sentence(tok, fill(tpl.needle, Fill{random_item(rng, task.key), random_item(rng, task.value),
@@ -369,14 +360,7 @@ RulerSample build_ruler_sample(const RulerSource& src, const RulerTaskInfo& task
   if (!distractor) distractor = [&noise] { return noise; };
 
   auto render = [&](const std::string& text) {
-    std::string out = fill(text, f);
-    if (ruler_singular) {
-      out = replace_all(out, "Some", "A");
-      out = replace_all(out, "are all", "is");
-      out = replace_all(out, "are", "is");
-      out = replace_all(out, "answers", "answer");
-    }
-    return out;
+    return fill(text, f);
   };
   if (!tpl.intro.empty()) {
     const auto intro = encode_sentence(tok, render(tpl.intro));
@@ -480,8 +464,8 @@ RulerSample build_ruler_sample(const RulerSource& src, const RulerTaskInfo& task
       hay = fill_units(hay_budget, distractor);
     if (!essay && task.haystack == RulerHaystack::kNoise && hay.unit_starts.size() <= needles.size()) {
       // RULER variable_tracking.py: too few noise lines for the chain -> one unit per sentence.
-      static const std::vector<std::string> kSentences = {"The grass is green.", "The sky is blue.",
-                                                          "The sun is yellow.", "Here we go.", "There and back again."};
+      static const std::vector<std::string> kSentences = {"The river is wide.", "The hill is quiet.",
+                                                          "The road is long.", "On we walk.", "Far and home again."};
       size_t next = 0;
       hay = fill_units(hay_budget, [&] { return encode_sentence(tok, kSentences[next++ % kSentences.size()]); });
     }

@@ -82,12 +82,13 @@ struct RulerTemplate {
   std::string answer_prefix;  // appended to the question: the model continues it
 };
 struct RulerTemplates {
-  std::string name;  // "ruler" | "kvlab-tiny" | "custom"
+  std::string name;  // "instruct" | "kvlab-tiny" | "custom"
   RulerTemplate niah, vt, cwe, fwe, passkey, kv_retrieval;
   RulerTemplate& of(RulerFamily f);
   const RulerTemplate& of(RulerFamily f) const;
 };
-// "ruler" (RULER's constants.py prompts, for comparability on real models) or "kvlab-tiny"
+// "instruct" (RULER's prompt structure in kvlab's words, for instruction-tuned models; RULER's
+// own strings are not shipped: give them as a templates mapping) or "kvlab-tiny"
 // (prompts whose answer prefix ends with the words before the value in the needle, which the
 // bundled model can continue); nullopt for another name.
 std::optional<RulerTemplates> builtin_ruler_templates(const std::string& name);

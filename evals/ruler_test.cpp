@@ -101,7 +101,7 @@ TEST(Ruler, EveryTaskHasItsDefinition) {
 TEST(Ruler, PromptsHaveExactLengthsAndTheirNeedles) {
   for (const auto& [tname, tok] : tokenizers()) {
     const Haystack essay = make_haystack(*tok, essay_text());
-    for (const char* set : {"ruler", "kvlab-tiny"}) {
+    for (const char* set : {"instruct", "kvlab-tiny"}) {
       const RulerTemplates templates = *builtin_ruler_templates(set);
       const RulerSource src{*tok, templates, &essay};
       for (const RulerTaskInfo& task : ruler_tasks())
@@ -151,7 +151,7 @@ TEST(Ruler, EssayNeedlesSitAtSentenceBoundaries) {
 TEST(Ruler, SeedsReproduceSamplesBitForBit) {
   SpacedByteTokenizer tok;
   const Haystack essay = make_haystack(tok, essay_text());
-  const RulerTemplates templates = *builtin_ruler_templates("ruler");
+  const RulerTemplates templates = *builtin_ruler_templates("instruct");
   const RulerSource src{tok, templates, &essay};
   for (const RulerTaskInfo& task : ruler_tasks()) {
     const uint64_t seed = ruler_sample_seed(3, task.task, 2048, 5);
@@ -261,7 +261,7 @@ class RecordingLm : public LanguageModel {
 
 TEST(Ruler, ProtocolsSignalThePromptEndAtTheRightToken) {
   SpacedByteTokenizer tok;
-  const RulerTemplates templates = *builtin_ruler_templates("ruler");
+  const RulerTemplates templates = *builtin_ruler_templates("instruct");
   const RulerSource src{tok, templates, nullptr};
   for (const RulerTaskInfo& task : ruler_tasks()) {
     const RulerSample s = build_ruler_sample(src, task, 1800, 2048, 1);
@@ -322,7 +322,7 @@ TEST(Ruler, UnknownTaskNamesTheValidOnes) {
 TEST(Ruler, TemplateMissingAFieldNamesTemplateAndField) {
   const std::string e = error_of(std::string(kHead) +
                                  "    tasks: [niah_single_1]\n    context_lengths: [1024]\n"
-                                 "    templates: {base: ruler, niah: {needle: 'The number is {value}.'}}\n");
+                                 "    templates: {base: instruct, niah: {needle: 'The number is {value}.'}}\n");
   EXPECT_NE(e.find("evals.ruler.templates.niah.needle: template 'niah'"), std::string::npos) << e;
   EXPECT_NE(e.find("field 'needle': missing {key}"), std::string::npos) << e;
   const std::string e2 = error_of(std::string(kHead) +
