@@ -26,7 +26,8 @@ double seen_mean(const SequenceStats& s) {
   return s.decode_steps > 0 ? double(s.n_tokens) - double(s.decode_steps - 1) / 2.0 : 0.0;
 }
 
-void add_sequence_attrs(AttrMap& a, const std::vector<SequenceStats>& stats, const ModelConfig& c) {
+void add_sequence_attrs(AttrMap& a, const std::vector<SequenceStats>& stats, const ModelConfig& c,
+                        const KvStoreConfig& kv) {
   size_t kv_peak = 0;
   int64_t blocks_peak = 0, probes = 0, decode_steps = 0;
   double set = 0, achieved = 0, seen = 0, recall = 0, recall_min = 1, err = 0, err_max = 0;
@@ -49,8 +50,11 @@ void add_sequence_attrs(AttrMap& a, const std::vector<SequenceStats>& stats, con
   a["blocks_peak"] = blocks_peak;
   a["attended_set_mean"] = set;
   a["attended_achieved_mean"] = achieved;
-  // What the policy kept and read, per layer and KV head (the store holds fp32 K and V).
-  const double bytes_per_key = 2.0 * c.head_dim * sizeof(float);
+  // What the policy kept and read, per layer and KV head, in the store's format (data and
+  // metadata, measured from the store's block layout).
+  const double bytes_per_key = kv_bytes_per_token(kv) / (c.n_layers * c.n_kv_heads);
+  a["kv_format"] = std::string(kv_format_name(kv.format));
+  a["kv_bytes_per_token"] = kv_bytes_per_token(kv);
   a["decode_steps"] = decode_steps;
   a["keys_seen_mean"] = decode_steps ? seen : kNaN;
   a["keys_read_mean"] = decode_steps ? achieved : kNaN;
@@ -247,7 +251,7 @@ CellRecord run_niah_cell(const CellSpec& cell, EngineLm& lm, CellInputs& in, con
   for (double lp : logprob)
     if (std::isfinite(lp)) logprob_sum += lp, ++logprob_n;
   rec.attrs["value_logprob_mean"] = logprob_n ? logprob_sum / double(logprob_n) : kNaN;
-  add_sequence_attrs(rec.attrs, all_stats, config);
+  add_sequence_attrs(rec.attrs, all_stats, config, lm.engine().kv().config());
   add_probe_layer_datasets(rec.datasets, all_stats);
   add_resident_datasets(rec, all_stats, config);
   lm.on_prompt_end = nullptr;
@@ -285,7 +289,7 @@ CellRecord run_ppl_cell(const CellSpec& cell, EngineLm& lm, CellInputs& in, cons
   rec.attrs["ppl_stderr"] = r.ppl_stderr;
   rec.attrs["mean_nll"] = r.mean_nll;
   rec.attrs["status"] = r.stopped.empty() ? std::string("ok") : r.stopped;
-  add_sequence_attrs(rec.attrs, lm.ended, config);
+  add_sequence_attrs(rec.attrs, lm.ended, config, lm.engine().kv().config());
   add_probe_layer_datasets(rec.datasets, lm.ended);
   add_timing_attrs(rec.attrs, lm);
   return rec;
