@@ -207,7 +207,7 @@ CellRecord NiahEvaluation::run_cell(size_t cell, EvalContext& ctx) const {
   rec.attrs["trials"] = int64_t(n_trials);
   rec.attrs["accuracy"] = double(n_correct) / double(n_trials);
   rec.attrs["value_logprob_mean"] = logprob_n ? logprob_sum / double(logprob_n) : kNaN;
-  add_sequence_attrs(rec.attrs, all_stats, config);
+  add_sequence_attrs(rec.attrs, all_stats, config, lm.engine().kv().config());
   add_probe_layer_datasets(rec.datasets, all_stats);
   add_resident_datasets(rec, all_stats, config);
   add_needle_kept_dataset(rec, watcher.kept, needle_tokens, size_t(n_trials), config);

@@ -151,7 +151,7 @@ CellRecord PerplexityEvaluation::run_cell(size_t cell, EvalContext& ctx) const {
   rec.attrs["ppl_stderr"] = r.ppl_stderr;
   rec.attrs["mean_nll"] = r.mean_nll;
   rec.attrs["status"] = r.stopped.empty() ? std::string("ok") : r.stopped;
-  add_sequence_attrs(rec.attrs, lm.ended, ctx.config);
+  add_sequence_attrs(rec.attrs, lm.ended, ctx.config, ctx.lm.engine().kv().config());
   add_probe_layer_datasets(rec.datasets, lm.ended);
   add_timing_attrs(rec.attrs, lm);
   return rec;

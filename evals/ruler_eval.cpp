@@ -251,7 +251,7 @@ CellRecord RulerEvaluation::run_cell(size_t cell, EvalContext& ctx) const {
   rec.attrs["haystack"] = spec_.haystack.empty() ? std::string("noise") : spec_.haystack.string();
   rec.attrs["max_answer_tokens"] = int64_t(answer_tokens);
   rec.attrs["score"] = n ? score_sum / double(n) : kNaN;
-  add_sequence_attrs(rec.attrs, all_stats, ctx.config);
+  add_sequence_attrs(rec.attrs, all_stats, ctx.config, ctx.lm.engine().kv().config());
   add_resident_datasets(rec, all_stats, ctx.config);
   add_timing_attrs(rec.attrs, lm);
   return rec;

@@ -17,7 +17,8 @@ void add_model_options(po::options_description& desc);
 // tokenizer. Throws kvlab::Error naming the file on bad input.
 std::unique_ptr<Model> load_model_from_options(const po::variables_map& vm);
 
-// --device / --device-dtype into the engine options (Error for an unknown value).
+// --device / --device-dtype / --kv-format / --kv-fp8-scale into the engine options (Error for an
+// unknown value, or a KV format the device backend lacks).
 void apply_device_options(const po::variables_map& vm, EngineOptions& opts);
 
 }  // namespace kvlab::cli

@@ -71,7 +71,12 @@ KvStoreConfig store_config(const ModelConfig& c, const EngineOptions& o) {
   kc.n_kv_heads = c.n_kv_heads;
   kc.head_dim = c.head_dim;
   kc.block_size_tokens = o.block_size_tokens;
-  const size_t block_bytes = size_t{2} * o.block_size_tokens * c.n_kv_heads * c.head_dim * sizeof(float);
+  kc.format = o.kv_format;
+  kc.fp8_scale = o.kv_fp8_scale;
+  kc.group_size = o.kv_group_size;
+  kc.residual = o.kv_residual;
+  const size_t block_bytes =
+      size_t{2} * KvBlockLayout{o.kv_format, o.block_size_tokens, c.n_kv_heads, c.head_dim, o.kv_group_size}.block_bytes();
   const size_t blocks_per_seq =
       static_cast<size_t>(c.n_layers) * ((o.max_tokens + o.block_size_tokens - 1) / o.block_size_tokens);
   kc.budget_bytes = o.kv_budget_bytes ? o.kv_budget_bytes : blocks_per_seq * o.max_batch * block_bytes;
@@ -90,6 +95,9 @@ Engine::Engine(const Model& model, const EngineOptions& opts)
   if (static_cast<int>(model.layers.size()) != c.n_layers)
     fail("engine: model has ", model.layers.size(), " layers, config says ", c.n_layers);
   if (opts.block_size_tokens <= 0) fail("engine: block_size_tokens must be > 0");
+  if (opts.device != Device::kCpu && opts.kv_format != KvFormat::kF32)
+    fail("engine: KV format ", kv_format_name(opts.kv_format), " is not available with the ", device_name(opts.device),
+         " backend (its kernels read f32 host pages; choose the device pool's precision with the device dtype)");
   if (opts.prefill_chunk_tokens <= 0) fail("engine: prefill_chunk_tokens must be > 0");
   if (opts.max_batch <= 0) fail("engine: max_batch must be > 0");
   if (opts.max_tokens < 0) fail("engine: max_tokens must be >= 0 (0 = the model's max_seq_len)");

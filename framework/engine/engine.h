@@ -67,6 +67,13 @@ struct EngineOptions {
   int threads = 0;               // 0 = all cores
   int block_size_tokens = 16;
   size_t kv_budget_bytes = 0;    // 0 = room for max_tokens tokens x max_batch
+  // How the host store keeps K and V (kernels/common/kv_format.h); f32 is exact. The device
+  // backends take f32 only (their pool converts to device_dtype): another format with device !=
+  // kCpu is an Error at construction.
+  KvFormat kv_format = KvFormat::kF32;
+  float kv_fp8_scale = 1.f;      // fp8 formats: the scale of every (layer, KV head)
+  int kv_group_size = 32;        // int4 / int2 (KIVI): G and R (KvStoreConfig)
+  int kv_residual = 128;
   int max_batch = 1;             // sizes the default KV budget (decode takes any batch size)
   // Most tokens one sequence may take; 0 = the model's max_seq_len (then options() reports it).
   // Past max_seq_len the model sees RoPE positions it was not trained on -- what a StreamingLLM

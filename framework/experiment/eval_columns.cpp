@@ -55,7 +55,8 @@ void ColumnBuilder::write_into(std::map<std::string, Dataset>& datasets) const {
 
 // The engine's per-sequence statistics as cell attributes (mean over `stats`, peaks as max).
 
-void add_sequence_attrs(AttrMap& a, const std::vector<SequenceStats>& stats, const ModelConfig& c) {
+void add_sequence_attrs(AttrMap& a, const std::vector<SequenceStats>& stats, const ModelConfig& c,
+                        const KvStoreConfig& kv) {
   size_t kv_peak = 0;
   int64_t blocks_peak = 0, probes = 0, decode_steps = 0;
   double set = 0, achieved = 0, seen = 0, recall = 0, recall_min = 1, err = 0, err_max = 0;
@@ -78,8 +79,11 @@ void add_sequence_attrs(AttrMap& a, const std::vector<SequenceStats>& stats, con
   a["blocks_peak"] = blocks_peak;
   a["attended_set_mean"] = set;
   a["attended_achieved_mean"] = achieved;
-  // What the policy kept and read, per layer and KV head (the store holds fp32 K and V).
-  const double bytes_per_key = 2.0 * c.head_dim * sizeof(float);
+  // What the policy kept and read, per layer and KV head, in the store's format (data and
+  // metadata, measured from the store's block layout).
+  const double bytes_per_key = kv_bytes_per_token(kv) / (c.n_layers * c.n_kv_heads);
+  a["kv_format"] = std::string(kv_format_name(kv.format));
+  a["kv_bytes_per_token"] = kv_bytes_per_token(kv);
   a["decode_steps"] = decode_steps;
   a["keys_seen_mean"] = decode_steps ? seen : kNaN;
   a["keys_read_mean"] = decode_steps ? achieved : kNaN;

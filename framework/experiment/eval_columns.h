@@ -84,7 +84,8 @@ class ColumnBuilder {
 // kv_bytes_peak, blocks_peak, attended_*, decode_steps, keys_seen_mean, keys_read_mean,
 // kv_read_bytes_per_layer_head, kv_kept_bytes_peak_per_layer_head, probe_samples, recall_*,
 // rel_error_*.
-void add_sequence_attrs(AttrMap& a, const std::vector<SequenceStats>& stats, const ModelConfig& c);
+void add_sequence_attrs(AttrMap& a, const std::vector<SequenceStats>& stats, const ModelConfig& c,
+                        const KvStoreConfig& kv);
 // probe_layers [L], probe_samples_per_layer [L], attention_recall_per_layer [L],
 // output_rel_error_per_layer [L], pooled over `stats`; nothing when no sequence was probed.
 void add_probe_layer_datasets(std::map<std::string, Dataset>& datasets, const std::vector<SequenceStats>& stats);

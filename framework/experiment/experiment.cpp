@@ -15,6 +15,7 @@
 #include "framework/model/model_registry.h"
 #include "framework/core/strings.h"
 #include "framework/policy/policy.h"
+#include "kernels/common/kv_format.h"
 
 namespace kvlab {
 
@@ -61,7 +62,21 @@ void parse_model(const Reader& r, const YAML::Node& node, const fs::path& file, 
 }
 
 void parse_kv(const Reader& r, const YAML::Node& node, KvSpec& kv) {
-  r.expect_map(node, "kv", {"block_size", "budget_bytes"});
+  r.expect_map(node, "kv", {"block_size", "budget_bytes", "format", "fp8_scale", "group_size", "residual"});
+  if (node["format"]) {
+    std::vector<std::string> names;
+    for (KvFormat f : kAllKvFormats) names.push_back(kv_format_name(f));
+    kv.format = r.get_choice(node["format"], "kv.format", names);
+    kv.format_ref = r.ref(node["format"], "kv.format");
+  }
+  if (node["fp8_scale"]) kv.fp8_scale = r.get_number(node["fp8_scale"], "kv.fp8_scale", 1e-30, 1e30);
+  if (node["group_size"]) kv.group_size = int(r.get_int(node["group_size"], "kv.group_size", 1, 4096));
+  if (node["residual"]) kv.residual = int(r.get_int(node["residual"], "kv.residual", 0, 1 << 20));
+  if (node["residual"] && kv.residual % kv.group_size != 0)
+    r.error(node["residual"], "kv.residual", "must be a multiple of kv.group_size ", kv.group_size, ", got ", kv.residual);
+  if (node["group_size"] && kv.block_size_tokens % kv.group_size != 0 && kv.group_size % kv.block_size_tokens != 0)
+    r.error(node["group_size"], "kv.group_size", "must divide or be a multiple of kv.block_size ", kv.block_size_tokens,
+            ", got ", kv.group_size);
   if (node["block_size"])
     kv.block_size_tokens = int(r.get_int(node["block_size"], "kv.block_size", 1, 4096));
   if (node["budget_bytes"]) {

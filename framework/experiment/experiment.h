@@ -54,6 +54,11 @@ struct ModelSpec {
 struct KvSpec {
   int block_size_tokens = 16;
   uint64_t budget_bytes = 0;  // 0 = the engine's default: room for max_seq_len tokens
+  std::string format = "f32";  // storage format (kernels/common/kv_format.h); f32 is exact
+  double fp8_scale = 1.0;      // fp8 formats: the scale of every (layer, KV head)
+  int group_size = 32;         // int4 / int2 (KIVI): G, and the R newest tokens kept fp32
+  int residual = 128;
+  SourceRef format_ref;        // where format was set (errors)
 };
 
 struct EngineSpec {

@@ -78,7 +78,12 @@ void dry_run(const ExperimentSpec& spec, const std::vector<RunSpec>& runs,
              const std::vector<CellSpec>& cells, const RunOptions& o, const Model& model,
              const PolicyRegistry& registry, std::ostream& out) {
   const ModelConfig& c = model.config;
-  const double bytes_per_token_layer = double(c.kv_bytes_per_token(DType::kF32)) / c.n_layers;
+  KvStoreConfig kc{c.n_layers, c.n_kv_heads, c.head_dim, spec.kv.block_size_tokens, 0, KvFormat::kF32, 1.f,
+                   spec.kv.group_size, spec.kv.residual};
+  parse_kv_format(spec.kv.format, &kc.format);
+  const double bytes_per_token_layer = kv_bytes_per_token(kc) / c.n_layers;  // data + metadata
+  out << "kv.format " << spec.kv.format << ": " << kv_bytes_per_token(kc) << " bytes per token (K and V, "
+      << c.n_layers << " layers x " << c.n_kv_heads << " KV heads, metadata included)\n";
   char line[512];
   std::snprintf(line, sizeof line, "%6s  %-32s %-20s %10s %14s\n", "cell", "run", "eval", "tokens", "kv_est_MiB");
   out << line;
@@ -98,7 +103,7 @@ void dry_run(const ExperimentSpec& spec, const std::vector<RunSpec>& runs,
     out << line;
   }
   out << n << " of " << cells.size() << " cells in shard " << o.shard.index << "/" << o.shard.count
-      << " (KV estimate: fp32 store, the policy's budget, whole blocks)\n";
+      << " (KV estimate: the kv.format store, the policy's budget, whole blocks)\n";
 }
 
 }  // namespace
@@ -172,6 +177,9 @@ std::string cell_identity(const ExperimentSpec& spec, const RunSpec& run,
   line("device", in.device);
   line("kv.block_size", spec.kv.block_size_tokens);
   line("kv.budget_bytes", spec.kv.budget_bytes);
+  if (spec.kv.format != "f32")  // f32: the identity of before
+    line("kv.format", spec.kv.format, " fp8_scale ", spec.kv.fp8_scale, " group_size ", spec.kv.group_size,
+         " residual ", spec.kv.residual);
   line("engine.prefill_chunk", spec.engine.prefill_chunk_tokens);
   line("engine.probe", spec.engine.probe ? 1 : 0);
   line("engine.probe_every", spec.engine.probe_every);
@@ -189,6 +197,9 @@ std::string cell_identity(const ExperimentSpec& spec, const RunSpec& run,
 int run_experiment(const ExperimentSpec& spec, const RunOptions& o) {
   std::ostream& out = o.out ? *o.out : std::cout;
   check_device(o.device);
+  if (o.device != Device::kCpu && spec.kv.format != "f32")
+    fail(spec.kv.format_ref.str(), ": kv.format ", spec.kv.format, " is not available with --device ",
+         device_name(o.device), " (its kernels read f32 host pages; the device pool's precision is --device-dtype)");
   check_files_exist(spec);
   PolicyRegistry registry = make_builtin_registry();
   for (const auto& p : spec.plugins) registry.load_plugin(p);
@@ -204,6 +215,13 @@ int run_experiment(const ExperimentSpec& spec, const RunOptions& o) {
   load.load_tokenizer = !o.dry_run;
   const std::unique_ptr<Model> model = load_model(spec.model.path, load);
   const ModelConfig& config = model->config;
+  {  // the KV format's shape against the model, before any work (dry run included)
+    KvFormat f = KvFormat::kF32;
+    parse_kv_format(spec.kv.format, &f);
+    if (kv_format_is_kivi(f) && config.head_dim % spec.kv.group_size != 0)
+      fail(spec.kv.format_ref.str(), ": kv.group_size ", spec.kv.group_size, " does not divide the model's head_dim ",
+           config.head_dim, " (", spec.kv.format, " groups values over kv.group_size channels)");
+  }
   const std::vector<std::string> warnings = check_experiment_against_model(spec, config, registry);
   if (o.progress)
     for (const std::string& w : warnings) std::fprintf(o.progress, "warning: %s\n", w.c_str());
@@ -214,8 +232,11 @@ int run_experiment(const ExperimentSpec& spec, const RunOptions& o) {
   const Tokenizer& tokenizer = *model->tokenizer;
 
   // A pool that cannot hold one token (a block in every layer) is an error before any file.
+  KvFormat kv_format = KvFormat::kF32;
+  parse_kv_format(spec.kv.format, &kv_format);  // checked when parsed
   if (spec.kv.budget_bytes > 0) {
-    const uint64_t block_bytes = uint64_t(2) * spec.kv.block_size_tokens * config.n_kv_heads * config.head_dim * sizeof(float);
+    const uint64_t block_bytes =
+        uint64_t(2) * KvBlockLayout{kv_format, spec.kv.block_size_tokens, config.n_kv_heads, config.head_dim, spec.kv.group_size}.block_bytes();
     if (spec.kv.budget_bytes / block_bytes < uint64_t(config.n_layers))
       fail(spec.file.string(), ": kv.budget_bytes = ", spec.kv.budget_bytes, " bytes holds ",
            spec.kv.budget_bytes / block_bytes, " KV blocks of ", block_bytes, " bytes (kv.block_size ",
@@ -302,7 +323,8 @@ int run_experiment(const ExperimentSpec& spec, const RunOptions& o) {
                  {"seeds", seeds},
                  {"cells_total", int64_t(cells.size())},
                  {"shard", str_cat(o.shard.index, "/", o.shard.count)},
-                 {"kv_bytes_per_token", int64_t(config.kv_bytes_per_token(DType::kF32))},
+                 {"kv_bytes_per_token", int64_t(kv_bytes_per_token(KvStoreConfig{config.n_layers, config.n_kv_heads,
+                     config.head_dim, spec.kv.block_size_tokens, 0, kv_format, 1.f, spec.kv.group_size, spec.kv.residual}))},
                  {"device", ids.device}};
     file = ResultsFile::create(output, root);
   }
@@ -339,6 +361,10 @@ int run_experiment(const ExperimentSpec& spec, const RunOptions& o) {
   eo.max_tokens = spec.engine.max_tokens;
   eo.device = o.device;
   eo.device_dtype = o.device_dtype;
+  eo.kv_format = kv_format;
+  eo.kv_fp8_scale = float(spec.kv.fp8_scale);
+  eo.kv_group_size = spec.kv.group_size;
+  eo.kv_residual = spec.kv.residual;
   Engine engine(*model, eo);
 
   const bool interactive = o.progress_interactive >= 0 ? o.progress_interactive == 1

@@ -9,20 +9,20 @@ namespace kvlab {
 namespace {
 
 // 64-byte aligned, uninitialised (large requests are mmapped: committed on first touch).
-float* alloc_arena(size_t floats) {
-  if (floats == 0) return nullptr;
-  const size_t bytes = (floats * sizeof(float) + 63) / 64 * 64;
+uint8_t* alloc_arena(size_t n) {
+  if (n == 0) return nullptr;
+  const size_t bytes = (n + 63) / 64 * 64;
   void* p = std::aligned_alloc(64, bytes);
   if (p == nullptr) fail("KV store: cannot reserve ", bytes, " bytes of address space for the block pool");
-  return static_cast<float*>(p);
+  return static_cast<uint8_t*>(p);
 }
 
 }  // namespace
 
-BlockPool::BlockPool(int64_t n_blocks, size_t block_floats) : block_floats_(block_floats) {
+BlockPool::BlockPool(int64_t n_blocks, size_t block_bytes) : block_bytes_(block_bytes) {
   KVLAB_CHECK(n_blocks >= 0 && n_blocks < (int64_t{1} << 31), "n_blocks = ", n_blocks);
-  k_base_ = alloc_arena(static_cast<size_t>(n_blocks) * block_floats);
-  v_base_ = alloc_arena(static_cast<size_t>(n_blocks) * block_floats);
+  k_base_ = alloc_arena(static_cast<size_t>(n_blocks) * block_bytes);
+  v_base_ = alloc_arena(static_cast<size_t>(n_blocks) * block_bytes);
   ref_.assign(static_cast<size_t>(n_blocks), 0);
   free_.reserve(static_cast<size_t>(n_blocks));
   // Stack: block 0 on top, so blocks are handed out in increasing order at first.

@@ -1,8 +1,9 @@
 // BlockPool: a fixed number of equally sized KV blocks with a free list and reference counts.
 //
-// Memory: two arenas, K and V, each [n_blocks, block_floats] fp32, allocated once (lazily
-// committed by the OS: untouched blocks cost no resident memory). Block b's K data starts at
-// k_base() + b * block_floats (likewise V), so a PagedKvView can index the pool directly.
+// Memory: two arenas, K and V, each [n_blocks, block_bytes] bytes (the store's format decides
+// what a block holds: kernels/common/kv_format.h), allocated once (lazily committed by the OS:
+// untouched blocks cost no resident memory). Block b's K data starts at k_base() + b *
+// block_bytes (likewise V), so a PagedKvView (f32) or a KvBlockLayout indexes the pool directly.
 // A block is free (ref count 0, on the free list) or in use (ref count >= 1: the number of block
 // tables holding it; > 1 means shared by forked sequences and copied before any write).
 // Allocation is LIFO (a just-freed block is still warm in cache). Not thread-safe.
@@ -17,7 +18,7 @@ namespace kvlab {
 
 class BlockPool {
  public:
-  BlockPool(int64_t n_blocks, size_t block_floats);
+  BlockPool(int64_t n_blocks, size_t block_bytes);  // block_bytes per arena
   ~BlockPool();
   BlockPool(const BlockPool&) = delete;
   BlockPool& operator=(const BlockPool&) = delete;
@@ -27,7 +28,7 @@ class BlockPool {
   int64_t n_in_use() const { return n_blocks() - n_free(); }
   int64_t peak_in_use() const { return peak_in_use_; }
   int64_t n_shared() const { return n_shared_; }  // blocks with ref count > 1
-  size_t block_floats() const { return block_floats_; }
+  size_t block_bytes() const { return block_bytes_; }  // per arena (K or V)
 
   // A free block with ref count 1, or -1 when none is left (nothing changes then).
   int32_t allocate();
@@ -35,17 +36,17 @@ class BlockPool {
   void release(int32_t block);  // ref count - 1; back on the free list at 0
   int32_t ref_count(int32_t block) const { return ref_[block]; }
 
-  float* k(int32_t block) { return k_base_ + static_cast<size_t>(block) * block_floats_; }
-  float* v(int32_t block) { return v_base_ + static_cast<size_t>(block) * block_floats_; }
-  const float* k(int32_t block) const { return k_base_ + static_cast<size_t>(block) * block_floats_; }
-  const float* v(int32_t block) const { return v_base_ + static_cast<size_t>(block) * block_floats_; }
-  const float* k_base() const { return k_base_; }
-  const float* v_base() const { return v_base_; }
+  uint8_t* k(int32_t block) { return k_base_ + static_cast<size_t>(block) * block_bytes_; }
+  uint8_t* v(int32_t block) { return v_base_ + static_cast<size_t>(block) * block_bytes_; }
+  const uint8_t* k(int32_t block) const { return k_base_ + static_cast<size_t>(block) * block_bytes_; }
+  const uint8_t* v(int32_t block) const { return v_base_ + static_cast<size_t>(block) * block_bytes_; }
+  const uint8_t* k_base() const { return k_base_; }
+  const uint8_t* v_base() const { return v_base_; }
 
  private:
-  size_t block_floats_ = 0;
-  float* k_base_ = nullptr;  // [n_blocks, block_floats]
-  float* v_base_ = nullptr;  // [n_blocks, block_floats]
+  size_t block_bytes_ = 0;
+  uint8_t* k_base_ = nullptr;  // [n_blocks, block_bytes]
+  uint8_t* v_base_ = nullptr;  // [n_blocks, block_bytes]
   std::vector<int32_t> ref_;   // [n_blocks]
   std::vector<int32_t> free_;  // stack of free block ids
   int64_t peak_in_use_ = 0;

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cmath>
 #include <cstring>
 #include <limits>
 #include <utility>
@@ -12,6 +13,7 @@
 namespace kvlab {
 
 struct KvStore::LayerTable {  // (kv_store.h: "Memory layout")
+  int layer = 0;                   // which layer of its sequence (fp8 scales)
   std::vector<int32_t> blocks;     // block table: used blocks, then reserved ones
   int n_slots = 0;                 // slots written (live or holes)
   int pending = 0;                 // reserved slots not yet appended
@@ -23,6 +25,8 @@ struct KvStore::LayerTable {  // (kv_store.h: "Memory layout")
   bool rescan_blocks = false;      // holes were made under pending slots: check every block
   bool page_stats = false;         // keep key_max / key_min (kv_store.h "Page statistics")
   std::vector<float> key_max, key_min;  // [used pages, n_kv_heads, head_dim] when page_stats
+  int q_slots = 0;                 // KIVI: slots [0, q_slots) are codes, the rest residual
+  std::vector<float> res_k, res_v; // KIVI: [n_slots - q_slots, n_kv_heads, head_dim] fp32
   int32_t indptr[2] = {0, 0};      // view fields, refreshed after every change
   int32_t last_page_len = 0;
 };
@@ -33,15 +37,27 @@ struct KvStore::Sequence {
 
 namespace {
 
-size_t checked_block_floats(const KvStoreConfig& c) {
+KvBlockLayout checked_layout(const KvStoreConfig& c) {
   if (c.n_layers <= 0 || c.n_kv_heads <= 0 || c.head_dim <= 0 || c.block_size_tokens <= 0)
     fail("KvStoreConfig: n_layers, n_kv_heads, head_dim and block_size_tokens must be positive (got ",
          c.n_layers, ", ", c.n_kv_heads, ", ", c.head_dim, ", ", c.block_size_tokens, ")");
-  return static_cast<size_t>(c.block_size_tokens) * c.n_kv_heads * c.head_dim;
+  if (kv_format_has_head_scale(c.format) && !(c.fp8_scale > 0.f && std::isfinite(c.fp8_scale)))
+    fail("KvStoreConfig: fp8_scale must be positive and finite (got ", c.fp8_scale, ")");
+  if (kv_format_is_kivi(c.format)) {
+    const int G = c.group_size, P = c.block_size_tokens, D = c.head_dim;
+    if (G <= 0 || D % G != 0)
+      fail("KvStoreConfig: group_size ", G, " must divide head_dim ", D, " (", kv_format_name(c.format), ")");
+    if (P % G != 0 && G % P != 0)
+      fail("KvStoreConfig: group_size ", G, " must divide or be a multiple of block_size ", P);
+    if (D * kv_format_bits(c.format) % 8 != 0) fail("KvStoreConfig: head_dim ", D, " does not pack into bytes");
+    if (c.residual < 0 || c.residual % G != 0)
+      fail("KvStoreConfig: residual ", c.residual, " must be a non-negative multiple of group_size ", G);
+  }
+  return {c.format, c.block_size_tokens, c.n_kv_heads, c.head_dim, kv_format_is_kivi(c.format) ? c.group_size : 32};
 }
 
 int64_t pool_blocks(const KvStoreConfig& c) {
-  const size_t block_bytes = 2 * checked_block_floats(c) * sizeof(float);
+  const size_t block_bytes = 2 * checked_layout(c).block_bytes();
   const size_t n = c.budget_bytes / block_bytes;
   return static_cast<int64_t>(std::min<size_t>(n, (size_t{1} << 31) - 1));
 }
@@ -50,16 +66,51 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 }  // namespace
 
+double kv_bytes_per_token(const KvStoreConfig& c) {
+  const KvBlockLayout layout = checked_layout(c);
+  return 2.0 * static_cast<double>(layout.block_bytes()) * c.n_layers / c.block_size_tokens;
+}
+
 KvStore::KvStore(const KvStoreConfig& config)
     : config_(config),
-      block_floats_(checked_block_floats(config)),
-      block_bytes_(2 * block_floats_ * sizeof(float)),
-      pool_(pool_blocks(config), block_floats_) {}
+      layout_(checked_layout(config)),
+      block_bytes_(2 * layout_.block_bytes()),
+      pool_(pool_blocks(config), layout_.block_bytes()) {
+  if (kv_format_has_head_scale(config.format)) {
+    k_head_scale_.assign(static_cast<size_t>(config.n_layers) * config.n_kv_heads, config.fp8_scale);
+    v_head_scale_ = k_head_scale_;
+  }
+}
 
 KvStore::~KvStore() = default;
 
-size_t KvStore::row_offset(int entry, int kv_head) const {
-  return (static_cast<size_t>(kv_head) * config_.block_size_tokens + entry) * config_.head_dim;
+size_t KvStore::row_offset(int entry, int kv_head) const { return layout_.row_offset(kv_head, entry); }
+
+void KvStore::set_fp8_scales(int layer, const float* k_scales, const float* v_scales) {
+  if (!kv_format_has_head_scale(config_.format))
+    fail("KvStore::set_fp8_scales: the store's format is ", kv_format_name(config_.format), ", not fp8");
+  if (layer < 0 || layer >= config_.n_layers)
+    fail("KvStore::set_fp8_scales: layer ", layer, " out of range [0, ", config_.n_layers, ")");
+  if (stored_any_) fail("KvStore::set_fp8_scales: slots are already reserved (rows may be stored with the old scales)");
+  const int H = config_.n_kv_heads;
+  for (int h = 0; h < H; ++h)
+    if (!(k_scales[h] > 0.f && std::isfinite(k_scales[h]) && v_scales[h] > 0.f && std::isfinite(v_scales[h])))
+      fail("KvStore::set_fp8_scales: layer ", layer, " kv_head ", h, ": scales must be positive and finite");
+  std::copy(k_scales, k_scales + H, k_head_scale_.begin() + static_cast<ptrdiff_t>(layer) * H);
+  std::copy(v_scales, v_scales + H, v_head_scale_.begin() + static_cast<ptrdiff_t>(layer) * H);
+}
+
+// One row (codes and, for int8, its scale) of kv_head from (src_b, src_entry) to (dst_b,
+// dst_entry), K and V: the row's values are unchanged (kv_format.h "Block layout").
+void KvStore::move_row(int32_t dst_b, size_t dst_entry, int32_t src_b, size_t src_entry, int kv_head) {
+  const int e0 = static_cast<int>(dst_entry), e1 = static_cast<int>(src_entry);
+  const size_t rb = layout_.row_bytes();
+  std::memcpy(pool_.k(dst_b) + row_offset(e0, kv_head), pool_.k(src_b) + row_offset(e1, kv_head), rb);
+  std::memcpy(pool_.v(dst_b) + row_offset(e0, kv_head), pool_.v(src_b) + row_offset(e1, kv_head), rb);
+  if (const int mb = kv_format_row_meta_bytes(layout_.format); mb > 0) {
+    std::memcpy(pool_.k(dst_b) + layout_.meta_offset(kv_head, e0), pool_.k(src_b) + layout_.meta_offset(kv_head, e1), mb);
+    std::memcpy(pool_.v(dst_b) + layout_.meta_offset(kv_head, e0), pool_.v(src_b) + layout_.meta_offset(kv_head, e1), mb);
+  }
 }
 
 const KvStore::Sequence& KvStore::seq_at(SeqId seq) const {
@@ -91,8 +142,9 @@ void KvStore::refresh_view(LayerTable& lc) {
 SeqId KvStore::create_sequence() {
   auto s = std::make_unique<Sequence>();
   s->layers.resize(config_.n_layers);
-  for (LayerTable& lc : s->layers) {
-    lc.live.assign(config_.n_kv_heads, 0);
+  for (size_t l = 0; l < s->layers.size(); ++l) {
+    s->layers[l].layer = static_cast<int>(l);
+    s->layers[l].live.assign(config_.n_kv_heads, 0);
   }
   const SeqId id = next_id_++;
   seqs_.emplace(id, std::move(s));
@@ -128,9 +180,17 @@ SeqId KvStore::fork(SeqId parent) {
     dst.page_stats = src.page_stats;
     dst.key_max = src.key_max;
     dst.key_min = src.key_min;
+    dst.q_slots = src.q_slots;
+    dst.res_k = src.res_k;
+    dst.res_v = src.res_v;
     refresh_view(dst);
   }
   return child;
+}
+
+int64_t KvStore::write_begin(const LayerTable& lc) const {
+  // KIVI writes codes into the groups it quantises, from q_slots on.
+  return kv_format_is_kivi(layout_.format) ? lc.q_slots : lc.n_slots + lc.pending;
 }
 
 int64_t KvStore::layer_blocks_needed(const LayerTable& lc, int n_new) const {
@@ -139,7 +199,7 @@ int64_t KvStore::layer_blocks_needed(const LayerTable& lc, int n_new) const {
   const int64_t have = static_cast<int64_t>(lc.blocks.size());
   const int64_t fresh = std::max<int64_t>(0, ceil_div(cursor + n_new, bs) - have);
   int64_t copies = 0;  // shared blocks that the new slots would write into
-  for (int64_t b = cursor / bs; b < have && b * bs < cursor + n_new; ++b)
+  for (int64_t b = write_begin(lc) / bs; b < have && b * bs < cursor + n_new; ++b)
     if (pool_.ref_count(lc.blocks[b]) > 1) ++copies;
   return fresh + copies;
 }
@@ -152,8 +212,8 @@ int64_t KvStore::blocks_needed(SeqId seq, int n_new) const {
 }
 
 void KvStore::copy_block(int32_t dst, int32_t src) {
-  std::memcpy(pool_.k(dst), pool_.k(src), block_floats_ * sizeof(float));
-  std::memcpy(pool_.v(dst), pool_.v(src), block_floats_ * sizeof(float));
+  std::memcpy(pool_.k(dst), pool_.k(src), layout_.block_bytes());
+  std::memcpy(pool_.v(dst), pool_.v(src), layout_.block_bytes());
 }
 
 AllocStatus KvStore::reserve(SeqId seq, int n_new) {
@@ -168,10 +228,11 @@ AllocStatus KvStore::reserve(SeqId seq, int n_new) {
     total += layer_blocks_needed(lc, n_new);
   }
   if (total > pool_.n_free()) return AllocStatus::kOutOfBlocks;
+  stored_any_ = true;  // here, not in append: appends to different sequences may run concurrently
   for (LayerTable& lc : s.layers) {
     const int64_t cursor = lc.n_slots + lc.pending;
     const int64_t have = static_cast<int64_t>(lc.blocks.size());
-    for (int64_t b = cursor / bs; b < have && b * bs < cursor + n_new; ++b) {
+    for (int64_t b = write_begin(lc) / bs; b < have && b * bs < cursor + n_new; ++b) {
       const int32_t old = lc.blocks[b];
       if (pool_.ref_count(old) <= 1) continue;
       const int32_t fresh = pool_.allocate();
@@ -206,30 +267,137 @@ int KvStore::append(SeqId seq, int layer, int64_t position, const float* k, cons
       if (position <= lc.positions[static_cast<size_t>(slot - 1) * H + h])
         fail("KvStore::append: sequence ", seq, " layer ", layer, ": position ", position,
              " does not follow position ", lc.positions[static_cast<size_t>(slot - 1) * H + h]);
-  float* kb = pool_.k(block);
-  float* vb = pool_.v(block);
+  const KvFormat fmt = layout_.format;
+  const size_t rb = layout_.row_bytes();
+  // Other formats: every head's rows are encoded (and checked) before anything changes;
+  // per-thread buffers, as concurrent appends to different sequences are allowed.
+  thread_local std::vector<uint8_t> enc;     // [2 (K, V), H, row_bytes]
+  thread_local std::vector<float> enc_scale; // [2, H] int8 row scales
+  thread_local std::vector<float> dec;       // [D] a decoded key (page statistics)
+  if (kv_format_is_kivi(fmt)) {
+    for (int h = 0; h < H; ++h)
+      if (!kv_row_storable(fmt, k + static_cast<size_t>(h) * D, D) || !kv_row_storable(fmt, v + static_cast<size_t>(h) * D, D))
+        fail("KvStore::append: sequence ", seq, " layer ", layer, " kv_head ", h, " position ", position,
+             ": a NaN or infinite feature cannot be stored as ", kv_format_name(fmt));
+  } else if (fmt != KvFormat::kF32) {
+    enc.resize(2 * static_cast<size_t>(H) * rb);
+    enc_scale.assign(2 * static_cast<size_t>(H), 1.f);
+    dec.resize(D);
+    for (int h = 0; h < H; ++h) {
+      const float hs_k = k_head_scale_.empty() ? 1.f : k_head_scale_[static_cast<size_t>(layer) * H + h];
+      const float hs_v = v_head_scale_.empty() ? 1.f : v_head_scale_[static_cast<size_t>(layer) * H + h];
+      if (!kv_encode_row(fmt, k + static_cast<size_t>(h) * D, D, hs_k, enc.data() + h * rb, &enc_scale[h]) ||
+          !kv_encode_row(fmt, v + static_cast<size_t>(h) * D, D, hs_v, enc.data() + (H + h) * rb, &enc_scale[H + h]))
+        fail("KvStore::append: sequence ", seq, " layer ", layer, " kv_head ", h, " position ", position,
+             ": a NaN", fmt == KvFormat::kBf16 || fmt == KvFormat::kF16 ? "" : " or infinite",
+             " feature cannot be stored as ", kv_format_name(fmt));
+    }
+  }
+  uint8_t* kb = pool_.k(block);
+  uint8_t* vb = pool_.v(block);
   if (lc.page_stats && slot % bs == 0) {  // a new page: the empty bounds
     lc.key_max.resize(lc.key_max.size() + static_cast<size_t>(H) * D, -std::numeric_limits<float>::infinity());
     lc.key_min.resize(lc.key_min.size() + static_cast<size_t>(H) * D, std::numeric_limits<float>::infinity());
   }
   for (int h = 0; h < H; ++h) {
+    const float* key = k + static_cast<size_t>(h) * D;  // as stored: f32's row, else decoded
+    if (kv_format_is_kivi(fmt)) {
+      lc.res_k.insert(lc.res_k.end(), k + static_cast<size_t>(h) * D, k + static_cast<size_t>(h + 1) * D);
+      lc.res_v.insert(lc.res_v.end(), v + static_cast<size_t>(h) * D, v + static_cast<size_t>(h + 1) * D);
+    } else if (fmt == KvFormat::kF32) {
+      std::memcpy(kb + row_offset(slot % bs, h), k + static_cast<size_t>(h) * D, sizeof(float) * D);
+      std::memcpy(vb + row_offset(slot % bs, h), v + static_cast<size_t>(h) * D, sizeof(float) * D);
+    } else {
+      std::memcpy(kb + row_offset(slot % bs, h), enc.data() + h * rb, rb);
+      std::memcpy(vb + row_offset(slot % bs, h), enc.data() + (H + h) * rb, rb);
+      if (fmt == KvFormat::kInt8) {
+        std::memcpy(kb + layout_.meta_offset(h, slot % bs), &enc_scale[h], 4);
+        std::memcpy(vb + layout_.meta_offset(h, slot % bs), &enc_scale[H + h], 4);
+      }
+      if (lc.page_stats) {
+        const float hs = fmt == KvFormat::kInt8 ? enc_scale[h]
+                         : k_head_scale_.empty() ? 1.f : k_head_scale_[static_cast<size_t>(layer) * H + h];
+        kv_decode_row(fmt, enc.data() + h * rb, D, hs, dec.data());
+        key = dec.data();
+      }
+    }
     if (lc.page_stats) {  // widen the page's bounds by the new key
       const size_t o = (static_cast<size_t>(slot / bs) * H + h) * D;
       for (int d = 0; d < D; ++d) {
-        lc.key_max[o + d] = std::max(lc.key_max[o + d], k[static_cast<size_t>(h) * D + d]);
-        lc.key_min[o + d] = std::min(lc.key_min[o + d], k[static_cast<size_t>(h) * D + d]);
+        lc.key_max[o + d] = std::max(lc.key_max[o + d], key[d]);
+        lc.key_min[o + d] = std::min(lc.key_min[o + d], key[d]);
       }
     }
-    std::memcpy(kb + row_offset(slot % bs, h), k + static_cast<size_t>(h) * D, sizeof(float) * D);
-    std::memcpy(vb + row_offset(slot % bs, h), v + static_cast<size_t>(h) * D, sizeof(float) * D);
     lc.positions.push_back(position);
     lc.valid.push_back(1);
     ++lc.live[h];
   }
   ++lc.n_slots;
   --lc.pending;
+  if (kv_format_is_kivi(fmt))
+    while (lc.n_slots - lc.q_slots >= config_.residual + config_.group_size) quantise_group(lc);
   refresh_view(lc);
   return slot;
+}
+
+void KvStore::quantise_group(LayerTable& lc) {
+  const int H = config_.n_kv_heads, D = config_.head_dim, bs = config_.block_size_tokens;
+  const int G = config_.group_size, bits = kv_format_bits(layout_.format);
+  const int q = lc.q_slots;
+  const size_t row = static_cast<size_t>(H) * D;  // residual floats per slot
+  std::vector<float> s(D), z(D), sz(static_cast<size_t>(2 * (D / G)));
+  std::vector<uint8_t> live(G);
+  for (int b = q / bs; b * bs < q + G; ++b) KVLAB_CHECK(pool_.ref_count(lc.blocks[b]) == 1, "quantising into a shared block");
+  for (int h = 0; h < H; ++h) {
+    for (int i = 0; i < G; ++i) live[i] = lc.valid[static_cast<size_t>(q + i) * H + h];
+    const float* k0 = lc.res_k.data() + static_cast<size_t>(h) * D;  // slot q's key of head h
+    for (int d = 0; d < D; ++d)
+      KVLAB_CHECK(kv_kivi_range(k0 + d, G, row, live.data(), bits, &s[d], &z[d]), "key range overflows float32");
+    // The group's (s, z) into every block it covers (one block when G <= block size).
+    for (int b = q / bs; b * bs < q + G; ++b) {
+      uint8_t* meta = pool_.k(lc.blocks[b]) + layout_.key_group_meta_offset(h, std::max(q, b * bs) % bs);
+      std::memcpy(meta, s.data(), sizeof(float) * D);
+      std::memcpy(meta + sizeof(float) * D, z.data(), sizeof(float) * D);
+    }
+    for (int i = 0; i < G; ++i) {
+      const int slot = q + i;
+      const int32_t blk = lc.blocks[slot / bs];
+      uint8_t* kc = pool_.k(blk) + row_offset(slot % bs, h);
+      uint8_t* vc = pool_.v(blk) + row_offset(slot % bs, h);
+      std::memset(kc, 0, layout_.row_bytes());
+      std::memset(vc, 0, layout_.row_bytes());
+      kv_kivi_encode_key(k0 + i * row, D, bits, s.data(), z.data(), kc);
+      KVLAB_CHECK(kv_kivi_encode_value(lc.res_v.data() + i * row + static_cast<size_t>(h) * D, D, G, bits, sz.data(), vc),
+                  "value range overflows float32");
+      std::memcpy(pool_.v(blk) + layout_.value_meta_offset(h, slot % bs), sz.data(), sizeof(float) * sz.size());
+    }
+  }
+  lc.res_k.erase(lc.res_k.begin(), lc.res_k.begin() + static_cast<ptrdiff_t>(G * row));
+  lc.res_v.erase(lc.res_v.begin(), lc.res_v.begin() + static_cast<ptrdiff_t>(G * row));
+  lc.q_slots = q + G;
+  ++lc.data_version;  // rows of these blocks changed in place
+  if (lc.page_stats)  // the group's keys now read as their dequantised values
+    for (int p = q / bs; p * bs < q + G; ++p) recompute_page(lc, p);
+}
+
+void KvStore::decode_key(const LayerTable& lc, int slot, int h, float* out) const {
+  const int bs = config_.block_size_tokens, D = config_.head_dim;
+  const uint8_t* kb = pool_.k(lc.blocks[slot / bs]);
+  const int e = slot % bs;
+  if (kv_format_is_kivi(layout_.format)) {
+    if (slot >= lc.q_slots) {
+      std::memcpy(out, lc.res_k.data() + (static_cast<size_t>(slot - lc.q_slots) * config_.n_kv_heads + h) * D,
+                  sizeof(float) * D);
+      return;
+    }
+    const float* meta = reinterpret_cast<const float*>(kb + layout_.key_group_meta_offset(h, e));
+    kv_kivi_decode_key(kb + row_offset(e, h), D, kv_format_bits(layout_.format), meta, meta + D, out);
+    return;
+  }
+  float scale = 1.f;
+  if (layout_.format == KvFormat::kInt8) std::memcpy(&scale, kb + layout_.meta_offset(h, e), 4);
+  else if (!k_head_scale_.empty()) scale = k_head_scale_[static_cast<size_t>(lc.layer) * config_.n_kv_heads + h];
+  kv_decode_row(layout_.format, kb + row_offset(e, h), D, scale, out);
 }
 
 LayerKv KvStore::layer(SeqId seq, int layer) const {
@@ -238,8 +406,19 @@ LayerKv KvStore::layer(SeqId seq, int layer) const {
   kv.view.page_size = config_.block_size_tokens;
   kv.view.num_kv_heads = config_.n_kv_heads;
   kv.view.head_dim = config_.head_dim;
-  kv.view.k_data = pool_.k_base();
-  kv.view.v_data = pool_.v_base();
+  const bool f32 = layout_.format == KvFormat::kF32;
+  kv.view.k_data = f32 ? reinterpret_cast<const float*>(pool_.k_base()) : nullptr;
+  kv.view.v_data = f32 ? reinterpret_cast<const float*>(pool_.v_base()) : nullptr;
+  kv.layout = layout_;
+  kv.k_bytes = pool_.k_base();
+  kv.v_bytes = pool_.v_base();
+  kv.kivi_q_slots = lc.q_slots;
+  kv.res_k = lc.res_k.data();
+  kv.res_v = lc.res_v.data();
+  if (!k_head_scale_.empty()) {
+    kv.k_head_scale = k_head_scale_.data() + static_cast<size_t>(layer) * config_.n_kv_heads;
+    kv.v_head_scale = v_head_scale_.data() + static_cast<size_t>(layer) * config_.n_kv_heads;
+  }
   kv.view.indptr = lc.indptr;
   kv.view.indices = lc.blocks.data();
   kv.view.last_page_len = &lc.last_page_len;
@@ -322,7 +501,9 @@ void KvStore::evict(SeqId seq, int layer, const Evictions& ev) {
 void KvStore::recompute_page(LayerTable& lc, int page) {
   const int H = config_.n_kv_heads, bs = config_.block_size_tokens, D = config_.head_dim;
   const int first = page * bs, last = std::min(lc.n_slots, first + bs);
-  const float* kb = pool_.k(lc.blocks[page]);
+  const uint8_t* kb = pool_.k(lc.blocks[page]);
+  thread_local std::vector<float> dec;  // a decoded key (formats other than f32)
+  dec.resize(D);
   for (int h = 0; h < H; ++h) {
     float* mx = lc.key_max.data() + (static_cast<size_t>(page) * H + h) * D;
     float* mn = lc.key_min.data() + (static_cast<size_t>(page) * H + h) * D;
@@ -330,7 +511,11 @@ void KvStore::recompute_page(LayerTable& lc, int page) {
     std::fill(mn, mn + D, std::numeric_limits<float>::infinity());
     for (int s = first; s < last; ++s) {
       if (!lc.valid[static_cast<size_t>(s) * H + h]) continue;
-      const float* key = kb + row_offset(s - first, h);
+      const float* key = reinterpret_cast<const float*>(kb + row_offset(s - first, h));
+      if (layout_.format != KvFormat::kF32) {
+        decode_key(lc, s, h, dec.data());
+        key = dec.data();
+      }
       for (int d = 0; d < D; ++d) {
         mx[d] = std::max(mx[d], key[d]);
         mn[d] = std::min(mn[d], key[d]);
@@ -375,6 +560,17 @@ void KvStore::remove_empty_blocks(LayerTable& lc, std::vector<int32_t>& touched)
     const auto row0 = lc.valid.begin() + static_cast<ptrdiff_t>(first) * H;
     const auto row1 = lc.valid.begin() + static_cast<ptrdiff_t>(last) * H;
     if (std::find(row0, row1, uint8_t{1}) != row1) continue;  // still holds a live cell
+    if (kv_format_is_kivi(layout_.format)) {  // its residual rows go, q moves down past its codes
+      const size_t row = static_cast<size_t>(H) * config_.head_dim;
+      const int r0 = std::max(first, lc.q_slots);
+      if (r0 < last) {
+        lc.res_k.erase(lc.res_k.begin() + static_cast<ptrdiff_t>((r0 - lc.q_slots) * row),
+                       lc.res_k.begin() + static_cast<ptrdiff_t>((last - lc.q_slots) * row));
+        lc.res_v.erase(lc.res_v.begin() + static_cast<ptrdiff_t>((r0 - lc.q_slots) * row),
+                       lc.res_v.begin() + static_cast<ptrdiff_t>((last - lc.q_slots) * row));
+      }
+      lc.q_slots -= std::max(0, std::min(last, lc.q_slots) - first);
+    }
     lc.valid.erase(row0, row1);
     lc.positions.erase(lc.positions.begin() + static_cast<ptrdiff_t>(first) * H,
                        lc.positions.begin() + static_cast<ptrdiff_t>(last) * H);
@@ -393,8 +589,9 @@ void KvStore::remove_empty_blocks(LayerTable& lc, std::vector<int32_t>& touched)
 }
 
 int KvStore::maybe_compact(LayerTable& lc) {
-  const int H = config_.n_kv_heads, bs = config_.block_size_tokens, D = config_.head_dim;
+  const int H = config_.n_kv_heads, bs = config_.block_size_tokens;
   if (lc.n_slots == 0) return INT32_MAX;
+  if (kv_format_is_kivi(layout_.format)) return INT32_MAX;  // rows of a key group never move (kv_store.h "KIVI")
   const int64_t max_live = *std::max_element(lc.live.begin(), lc.live.end());
   const int64_t removable = lc.n_slots - max_live;
   const int64_t threshold = std::max<int64_t>(bs, lc.n_slots / 50);
@@ -436,10 +633,7 @@ int KvStore::maybe_compact(LayerTable& lc) {
       if (!lc.valid[cell]) continue;
       const int32_t src_b = lc.blocks[s / bs], dst_b = dst_blocks[j / bs];
       const size_t src_off = row_offset(s % bs, h), dst_off = row_offset(j % bs, h);
-      if (src_b != dst_b || src_off != dst_off) {
-        std::memcpy(pool_.k(dst_b) + dst_off, pool_.k(src_b) + src_off, sizeof(float) * D);
-        std::memcpy(pool_.v(dst_b) + dst_off, pool_.v(src_b) + src_off, sizeof(float) * D);
-      }
+      if (src_b != dst_b || src_off != dst_off) move_row(dst_b, j % bs, src_b, s % bs, h);
       new_pos[static_cast<size_t>(j) * H + h] = lc.positions[cell];
       new_valid[static_cast<size_t>(j) * H + h] = 1;
       ++j;
@@ -519,6 +713,12 @@ int64_t KvStore::resident_tokens(SeqId seq, int layer, int kv_head) const {
   if (kv_head < 0 || kv_head >= config_.n_kv_heads)
     fail("KvStore::resident_tokens: kv_head ", kv_head, " out of range");
   return lc.live[kv_head];
+}
+
+size_t KvStore::residual_bytes(SeqId seq) const {
+  size_t n = 0;
+  for (const LayerTable& lc : seq_at(seq).layers) n += (lc.res_k.size() + lc.res_v.size()) * sizeof(float);
+  return n;
 }
 
 int KvStore::n_slots(SeqId seq, int layer) const { return layer_at(seq, layer).n_slots; }

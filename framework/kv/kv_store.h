@@ -3,9 +3,13 @@
 // Memory layout.
 //   * One BlockPool shared by every sequence and layer, sized by a byte budget:
 //       n_blocks = budget_bytes / block_bytes,
-//       block_bytes = 2 (K, V) * block_size_tokens * n_kv_heads * head_dim * 4 (fp32).
+//       block_bytes = 2 (K, V) * KvBlockLayout::block_bytes()
+//                   = 2 * block_size_tokens * n_kv_heads * head_dim * 4 for f32.
 //     A block holds one layer's K and V for block_size_tokens slots, head-major inside the block
-//     (kernels/common/paged_kv.h):  k[block][kv_head][entry][feat],  v likewise.
+//     (kernels/common/paged_kv.h):  k[block][kv_head][entry][feat],  v likewise, each row
+//     encoded in the store's format with its metadata beside the block's data
+//     (kernels/common/kv_format.h: "Block layout"). fp8 formats also keep one scale per (layer,
+//     KV head) for K and V (KvStoreConfig::fp8_scale for all of them, or set_fp8_scales()).
 //   * Per (sequence, layer) a block table (layers may evict differently). Slot s of a layer is
 //     entry s % block_size of block table[s / block_size]; every block but the last used one is
 //     full. Blocks past the last used one are reserved (reserve()) and not yet written.
@@ -29,9 +33,23 @@
 // layer that still has reserved-but-unwritten slots only marks holes; blocks are freed and
 // compacted by the layer's next eviction without pending slots.
 //
+// KIVI (int4 / int2, POLICIES.md 17). Per (sequence, layer), slots [0, q) are in the blocks as
+// codes (q a multiple of G, or of block_size when G > block_size), slots [q, n_slots) in an
+// fp32 residual beside the blocks ([n_slots - q, n_kv_heads, head_dim] K and V). When an append
+// makes n_slots - q >= R + G, the key group [q, q + G) is quantised (per channel over the
+// group's live cells of each head; its values per token) into its block(s) and q += G: the R
+// newest slots always stay exact. Rows of a quantised group never move (compaction is off for
+// these formats: its holes are reclaimed when a whole block empties, which removes the block
+// with its metadata); reserve() copies shared blocks from q on, so quantising never writes into
+// a block another sequence holds. residual_bytes() is this fp32 part.
+//
+// Formats and policies compose (POLICIES.md 17): every reader of keys gets the dequantised rows
+// (LayerKv::load_key, the attention kernels); copy-on-write, compaction and fork move a row's
+// codes and its scale together, so no value changes when a row moves (bit-exact).
+//
 // Page statistics (Quest, POLICIES.md 15), per sequence and only when asked (set_page_stats):
 // per (layer, page = slot / block_size, KV head) the elementwise max and min of the keys of the
-// page's valid cells, as stored (post-RoPE at the original position unless the policy stores raw
+// page's valid cells, as stored (dequantised) (post-RoPE at the original position unless the policy stores raw
 // keys), [n_used_pages, n_kv_heads, head_dim] each, -inf / +inf where the page holds no valid
 // cell of that head. Per-sequence metadata like positions (forked sequences evict differently):
 // append widens the last page's bounds; evict recomputes the bounds of every page it touched
@@ -51,6 +69,7 @@
 #include <vector>
 
 #include "framework/kv/block_pool.h"
+#include "kernels/common/kv_format.h"
 #include "kernels/common/layer_kv.h"
 #include "kernels/common/selection.h"  // Evictions
 
@@ -62,7 +81,17 @@ struct KvStoreConfig {
   int n_layers = 0, n_kv_heads = 0, head_dim = 0;
   int block_size_tokens = 16;
   size_t budget_bytes = 0;  // pool = budget / bytes per block (rounded down)
+  KvFormat format = KvFormat::kF32;  // how rows are stored (kernels/common/kv_format.h)
+  float fp8_scale = 1.f;  // fp8: the scale S of every (layer, KV head), K and V (vLLM's default)
+  // int4 / int2 (KIVI): G (divides head_dim; divides or is a multiple of block_size_tokens) and
+  // R (a multiple of G): see "KIVI" above.
+  int group_size = 32;
+  int residual = 128;
 };
+
+// Bytes a store of this shape and format keeps per token, K and V, all layers and KV heads:
+// data plus per-row metadata, block padding included (what the pool holds per slot).
+double kv_bytes_per_token(const KvStoreConfig& config);
 
 struct KvStats {
   int64_t blocks_total = 0, blocks_in_use = 0, blocks_peak = 0;
@@ -84,7 +113,11 @@ class KvStore {
   KvStore& operator=(const KvStore&) = delete;
 
   const KvStoreConfig& config() const { return config_; }
-  size_t block_bytes() const { return block_bytes_; }
+  size_t block_bytes() const { return block_bytes_; }  // K + V
+  const KvBlockLayout& block_layout() const { return layout_; }  // one arena (K or V)
+  // fp8 formats: the scales of (layer, kv_head), K and V ([n_kv_heads] each); only before the
+  // first reserve() (Error otherwise, or on a non-positive / non-finite scale, or another format).
+  void set_fp8_scales(int layer, const float* k_scales, const float* v_scales);
   int64_t free_blocks() const { return pool_.n_free(); }
 
   SeqId create_sequence();
@@ -107,8 +140,9 @@ class KvStore {
 
   // Writes one token's K and V ([n_kv_heads, head_dim] each) for `layer` into the next slot,
   // valid for every head, with text position `position`, which must exceed every position
-  // already in the layer (policy.h's order contract). Returns the slot. Requires a prior
-  // successful reserve() covering it (Error otherwise).
+  // already in the layer (policy.h's order contract), encoded in the store's format. Returns
+  // the slot. Requires a prior successful reserve() covering it; a NaN feature (or, for int8 and
+  // fp8, an infinite one) is refused; Error otherwise, before anything changes.
   int append(SeqId seq, int layer, int64_t position, const float* k, const float* v);
 
   // One layer's K/V and slot metadata (the kernels' form; policies read it through
@@ -120,6 +154,7 @@ class KvStore {
 
   KvStats stats() const;  // O(sequences x layers), plus the cells of shared blocks
   int64_t resident_tokens(SeqId seq, int layer, int kv_head) const;
+  size_t residual_bytes(SeqId seq) const;  // KIVI's fp32 residual over all layers (0 otherwise)
   int n_slots(SeqId seq, int layer) const;
   int64_t sequence_blocks(SeqId seq) const;  // block-table entries over all layers (incl. reserved)
   // Incremented whenever slots of this (sequence, layer) are renumbered (block removal or
@@ -150,11 +185,17 @@ class KvStore {
   void recompute_page(LayerTable& lc, int page);
   void trim_trailing_blocks(LayerTable& lc);
   void refresh_view(LayerTable& lc);
-  size_t row_offset(int entry, int kv_head) const;  // floats from a block's start
+  size_t row_offset(int entry, int kv_head) const;  // bytes from a block's start (codes)
+  void move_row(int32_t dst_b, size_t dst_entry, int32_t src_b, size_t src_entry, int kv_head);
+  void decode_key(const LayerTable& lc, int slot, int kv_head, float* out) const;  // as stored
+  void quantise_group(LayerTable& lc);  // KIVI: slots [q, q + G) into the blocks
+  int64_t write_begin(const LayerTable& lc) const;  // first slot the next appends may write
 
   KvStoreConfig config_;
-  size_t block_floats_ = 0;  // per arena (K or V): block_size * n_kv_heads * head_dim
+  KvBlockLayout layout_;     // one arena (K or V) of a block
   size_t block_bytes_ = 0;   // K + V
+  std::vector<float> k_head_scale_, v_head_scale_;  // fp8: [n_layers, n_kv_heads]
+  bool stored_any_ = false;  // a slot was reserved (fp8 scales are fixed from then on)
   BlockPool pool_;
   std::unordered_map<SeqId, std::unique_ptr<Sequence>> seqs_;
   SeqId next_id_ = 0;

@@ -31,7 +31,7 @@ class LayerKvCacheView final : public LayerCacheView {
   const uint8_t* valid_data() const override { return kv_.valid; }
   void load_key(int slot, int kv_head, float* out) const override {
     check(slot, kv_head);
-    std::memcpy(out, kv_.key(slot, kv_head), sizeof(float) * kv_.view.head_dim);
+    kv_.load_key(slot, kv_head, out);  // the stored row, dequantised (kv_format.h)
   }
   void load_keys(int slot_begin, int slot_end, int kv_head, float* out) const override {
     if (slot_begin > slot_end || slot_begin < 0 || slot_end > kv_.n_slots)
@@ -39,6 +39,11 @@ class LayerKvCacheView final : public LayerCacheView {
            kv_.n_slots, ")");
     if (slot_begin == slot_end) return;
     check(slot_begin, kv_head);
+    if (kv_.format() != KvFormat::kF32) {  // decoded row by row
+      for (int s = slot_begin; s < slot_end; ++s)
+        kv_.load_key(s, kv_head, out + static_cast<size_t>(s - slot_begin) * kv_.view.head_dim);
+      return;
+    }
     // One copy per page run: a head's rows are contiguous inside a block (paged_kv.h).
     const int ps = kv_.view.page_size, d = kv_.view.head_dim;
     for (int s = slot_begin; s < slot_end;) {

@@ -15,6 +15,13 @@
 // are added per KV head in item order afterwards: the same sums in the same order either way.
 // head_mass is formed from the same kept scores, one row per query of the window.
 //
+// Storage formats (kernels/common/kv_format.h): with a store in any format but f32 the walker
+// decodes each candidate key's and value's row, as it enters the tile, into the tile's scratch
+// rows (kTile x D floats each, in L1) and the tile runs on those: the cache is read once, in its
+// stored bytes, and never copied to full precision. The decoded floats are exactly
+// kv_decode_row's (the conversions are exact; int8 / fp8 multiply by the same float scale), so
+// the fast path reads the same values as attention_naive.
+//
 // This file is compiled twice (cpu_path.h): as itself, the portable instance (plain loops, the
 // build's baseline ISA; it also holds the dispatching attention()), and through
 // attention_avx2.cpp with KVLAB_ATTENTION_AVX2=1, where every function below is compiled with
@@ -203,7 +210,109 @@ void pv4_accumulate(float* const* o, const float* alpha, const float* const* P,
   for (; d + 16 <= D; d += 16) pv4_chunk<2>(o, alpha, P, v, n, d);
   if (d < D) pv4_chunk<1>(o, alpha, P, v, n, d);
 }
+
+// Row decoders of the storage formats (exact: the same floats as kv_decode_row).
+inline void decode_bf16_row(const uint8_t* codes, int D, float* out) {
+  for (int d = 0; d < D; d += 8) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + 2 * d));
+    _mm256_storeu_ps(out + d, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)));
+  }
+}
+__attribute__((target("avx2,fma,f16c"))) inline void decode_f16_row(const uint8_t* codes, int D, float* out) {
+  for (int d = 0; d < D; d += 8)
+    _mm256_storeu_ps(out + d, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + 2 * d))));
+}
+inline void decode_int8_row(const uint8_t* codes, int D, float scale, float* out) {
+  const __m256 s = _mm256_set1_ps(scale);
+  for (int d = 0; d < D; d += 8) {
+    const __m128i c = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + d));
+    _mm256_storeu_ps(out + d, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(c)), s));
+  }
+}
+// fp8: a 256-entry table gathered 8 at a time, times the head's scale (table[c] * scale, as the
+// scalar loop).
+inline void decode_fp8_row(const uint8_t* codes, int D, const float* table, float scale, float* out) {
+  const __m256 s = _mm256_set1_ps(scale);
+  for (int d = 0; d < D; d += 8) {
+    const __m256i idx = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + d)));
+    _mm256_storeu_ps(out + d, _mm256_mul_ps(_mm256_i32gather_ps(table, idx, 4), s));
+  }
+}
+
+// KIVI: 8 channels' codes (b bits each, little end first) as floats.
+inline __m256 kivi_codes8(const uint8_t* codes, int d, int bits) {
+  uint32_t w = 0;
+  std::memcpy(&w, codes + d * bits / 8, static_cast<size_t>(bits));  // 4 bytes (int4) or 2 (int2)
+  const __m256i sh = bits == 4 ? _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28)
+                               : _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
+  const __m256i q = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(w)), sh),
+                                     _mm256_set1_epi32((1 << bits) - 1));
+  return _mm256_cvtepi32_ps(q);
+}
+// x^ = fma(s, q, z): the same single rounding as kv_kivi_value.
+inline void decode_kivi_key_row(const uint8_t* codes, int D, int bits, const float* s, const float* z, float* out) {
+  for (int d = 0; d < D; d += 8)
+    _mm256_storeu_ps(out + d, _mm256_fmadd_ps(_mm256_loadu_ps(s + d), kivi_codes8(codes, d, bits), _mm256_loadu_ps(z + d)));
+}
+inline void decode_kivi_value_row(const uint8_t* codes, int D, int G, int bits, const float* sz, float* out) {
+  for (int d = 0; d < D; d += 8) {
+    const __m256 sv = _mm256_set1_ps(sz[2 * (d / G)]), zv = _mm256_set1_ps(sz[2 * (d / G) + 1]);
+    _mm256_storeu_ps(out + d, _mm256_fmadd_ps(sv, kivi_codes8(codes, d, bits), zv));
+  }
+}
 #endif  // KVLAB_ATTENTION_AVX2
+
+// KIVI rows (kv_format.h): vectorised where the channels come in eights (and value groups too).
+inline void decode_kivi_key(const uint8_t* codes, int D, int bits, const float* s, const float* z, float* out) {
+#if KVLAB_ATTENTION_AVX2
+  if (D % 8 == 0) { decode_kivi_key_row(codes, D, bits, s, z, out); return; }
+#endif
+  kv_kivi_decode_key(codes, D, bits, s, z, out);
+}
+inline void decode_kivi_value(const uint8_t* codes, int D, int G, int bits, const float* sz, float* out) {
+#if KVLAB_ATTENTION_AVX2
+  if (D % 8 == 0 && G % 8 == 0) { decode_kivi_value_row(codes, D, G, bits, sz, out); return; }
+#endif
+  kv_kivi_decode_value(codes, D, G, bits, sz, out);
+}
+
+// The 256 values of an fp8 code (kv_format.h), built once.
+const float* fp8_table(KvFormat f) {
+  struct Tables {
+    float e4m3[256], e5m2[256];
+    Tables() {
+      for (int c = 0; c < 256; ++c) {
+        e4m3[c] = kv_decode_e4m3(static_cast<uint8_t>(c));
+        e5m2[c] = kv_decode_e5m2(static_cast<uint8_t>(c));
+      }
+    }
+  };
+  static const Tables tables;
+  return f == KvFormat::kFp8E4m3 ? tables.e4m3 : tables.e5m2;
+}
+
+// out[D] = the decoded row (format != f32; scale: kv_format.h's row or head scale).
+inline void decode_row(KvFormat f, const uint8_t* codes, int D, float scale, float* out) {
+#if KVLAB_ATTENTION_AVX2
+  if (D % 8 == 0) {
+    switch (f) {
+      case KvFormat::kBf16: decode_bf16_row(codes, D, out); return;
+      case KvFormat::kF16: decode_f16_row(codes, D, out); return;
+      case KvFormat::kInt8: decode_int8_row(codes, D, scale, out); return;
+      default: break;
+    }
+  }
+#endif
+  if (f == KvFormat::kFp8E4m3 || f == KvFormat::kFp8E5m2) {
+    const float* table = fp8_table(f);
+#if KVLAB_ATTENTION_AVX2
+    if (D % 8 == 0) { decode_fp8_row(codes, D, table, scale, out); return; }
+#endif
+    for (int d = 0; d < D; ++d) out[d] = table[codes[d]] * scale;
+    return;
+  }
+  kv_decode_row(f, codes, D, scale, out);
+}
 
 // ---- work items -------------------------------------------------------------------------------
 
@@ -219,6 +328,7 @@ struct Scratch {
   std::vector<float> o;       // [kMaxQ, D] accumulators
   std::vector<float> s;       // [kMaxQ, kTile] scores, then probabilities
   std::vector<float> krot;    // [kTile, D] keys rotated at read
+  std::vector<float> kdec, vdec;  // [kTile, D] the tile's decoded rows (formats other than f32)
   std::vector<float> zeros;   // [D] padding row
   // key_mass only: the item's raw scores, tile after tile ([n_tiles][n_q][kTile]), and each
   // tile's slots ([n_tiles][kTile], padded) and key count.
@@ -229,7 +339,11 @@ struct Scratch {
     const size_t qd = static_cast<size_t>(kMaxQ) * D;
     if (q.size() < qd) { q.resize(qd); o.resize(qd); }
     s.resize(static_cast<size_t>(kMaxQ) * kTile);
-    if (krot.size() < static_cast<size_t>(kTile) * D) krot.resize(static_cast<size_t>(kTile) * D);
+    if (krot.size() < static_cast<size_t>(kTile) * D) {
+      krot.resize(static_cast<size_t>(kTile) * D);
+      kdec.resize(static_cast<size_t>(kTile) * D);
+      vdec.resize(static_cast<size_t>(kTile) * D);
+    }
     if (zeros.size() < static_cast<size_t>(D)) zeros.assign(D, 0.f);
   }
 };
@@ -255,7 +369,12 @@ class KeyWalker {
  public:
   KeyWalker(const AttentionArgs& a, const WorkItem& it, int64_t max_pos, Scratch& scratch)
       : a_(a), g_(it.kv_head), max_pos_(max_pos), scratch_(scratch),
-        tile_keys_(a.head_dim > 64 ? kTile / 2 : kTile) {
+        tile_keys_(a.head_dim > 64 ? kTile / 2 : kTile), format_(a.kv.format()),
+        row_bytes_(a.kv.layout.row_bytes()), kivi_(a.kv.kivi()), bits_(kv_format_bits(a.kv.format())) {
+    if (format_ != KvFormat::kF32) {
+      k_scale_ = a.kv.k_head_scale ? a.kv.k_head_scale[g_] : 1.f;
+      v_scale_ = a.kv.v_head_scale ? a.kv.v_head_scale[g_] : 1.f;
+    }
     if (selection_is_all(a)) {
       all_ = true;
       end_ = a.kv.n_slots;
@@ -280,12 +399,42 @@ class KeyWalker {
       const size_t cell = static_cast<size_t>(s) * H + g_;
       if (!kv.valid[cell] || kv.positions[cell] > max_pos_) continue;
       if (s >= block_end_) enter_block(s);  // one division per block, not per key
-      const size_t row = static_cast<size_t>(s - block_begin_) * a_.head_dim;
-      if (next_k_ != nullptr) prefetch_row(next_k_ + row, next_v_ + row);
       t.slot[t.n] = s;
       t.pos[t.n] = kv.positions[cell];
-      t.k[t.n] = block_k_ + row;
-      t.v[t.n] = block_v_ + row;
+      if (format_ == KvFormat::kF32) {
+        const size_t row = static_cast<size_t>(s - block_begin_) * a_.head_dim;
+        if (next_k_ != nullptr) prefetch_row(next_k_ + row, next_v_ + row);
+        t.k[t.n] = block_k_ + row;
+        t.v[t.n] = block_v_ + row;
+      } else if (kivi_) {
+        const LayerKv& kv = a_.kv;
+        const int e = s - block_begin_;
+        const size_t row = static_cast<size_t>(e) * row_bytes_;
+        if (s >= kv.kivi_q_slots) {  // the fp32 residual: read in place
+          t.k[t.n] = kv.residual_key(s, g_);
+          t.v[t.n] = kv.residual_value(s, g_);
+        } else {
+          if (next_kc_ != nullptr) prefetch_codes(next_kc_ + row, next_vc_ + row);
+          float* kd = scratch_.kdec.data() + static_cast<size_t>(t.n) * a_.head_dim;
+          float* vd = scratch_.vdec.data() + static_cast<size_t>(t.n) * a_.head_dim;
+          const float* km = reinterpret_cast<const float*>(block_kbase_ + kv.layout.key_group_meta_offset(g_, e));
+          const float* vm = reinterpret_cast<const float*>(block_vbase_ + kv.layout.value_meta_offset(g_, e));
+          decode_kivi_key(block_kc_ + row, a_.head_dim, bits_, km, km + a_.head_dim, kd);
+          decode_kivi_value(block_vc_ + row, a_.head_dim, kv.layout.group_size, bits_, vm, vd);
+          t.k[t.n] = kd;
+          t.v[t.n] = vd;
+        }
+      } else {
+        const int e = s - block_begin_;
+        const size_t row = static_cast<size_t>(e) * row_bytes_;
+        if (next_kc_ != nullptr) prefetch_codes(next_kc_ + row, next_vc_ + row);
+        float* kd = scratch_.kdec.data() + static_cast<size_t>(t.n) * a_.head_dim;
+        float* vd = scratch_.vdec.data() + static_cast<size_t>(t.n) * a_.head_dim;
+        decode_row(format_, block_kc_ + row, a_.head_dim, block_ks_ ? block_ks_[e] : k_scale_, kd);
+        decode_row(format_, block_vc_ + row, a_.head_dim, block_vs_ ? block_vs_[e] : v_scale_, vd);
+        t.k[t.n] = kd;
+        t.v[t.n] = vd;
+      }
       ++t.n;
     }
     if (a_.rope != nullptr) {
@@ -307,6 +456,26 @@ class KeyWalker {
     const int b = s / v.page_size;
     block_begin_ = b * v.page_size;
     block_end_ = block_begin_ + v.page_size;
+    if (format_ != KvFormat::kF32) {  // the block's codes of head g and (int8) its row scales
+      const LayerKv& kv = a_.kv;
+      const size_t bb = kv.layout.block_bytes();
+      const size_t base = static_cast<size_t>(v.indices[v.indptr[0] + b]) * bb;
+      block_kbase_ = kv.k_bytes + base;
+      block_vbase_ = kv.v_bytes + base;
+      block_kc_ = kv.k_bytes + base + kv.layout.row_offset(g_, 0);
+      block_vc_ = kv.v_bytes + base + kv.layout.row_offset(g_, 0);
+      if (format_ == KvFormat::kInt8) {
+        block_ks_ = reinterpret_cast<const float*>(kv.k_bytes + base + kv.layout.meta_offset(g_, 0));
+        block_vs_ = reinterpret_cast<const float*>(kv.v_bytes + base + kv.layout.meta_offset(g_, 0));
+      }
+      next_kc_ = next_vc_ = nullptr;
+      if (v.indptr[0] + b + 2 < v.indptr[1]) {
+        const size_t next = static_cast<size_t>(v.indices[v.indptr[0] + b + 2]) * bb + kv.layout.row_offset(g_, 0);
+        next_kc_ = kv.k_bytes + next;
+        next_vc_ = kv.v_bytes + next;
+      }
+      return;
+    }
     const size_t off = v.offset(v.indices[v.indptr[0] + b], g_, 0, 0);
     block_k_ = v.k_data + off;
     block_v_ = v.v_data + off;
@@ -329,6 +498,13 @@ class KeyWalker {
     }
   }
 
+  void prefetch_codes(const uint8_t* k, const uint8_t* v) const {
+    for (size_t o = 0; o < row_bytes_; o += 64) {
+      _mm_prefetch(reinterpret_cast<const char*>(k + o), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(v + o), _MM_HINT_T0);
+    }
+  }
+
   const AttentionArgs& a_;
   int g_;
   int block_begin_ = 0, block_end_ = 0;
@@ -339,6 +515,21 @@ class KeyWalker {
   int64_t max_pos_;
   Scratch& scratch_;
   int tile_keys_;  // K and V of a tile stay within ~16 KiB of L1
+  KvFormat format_;
+  size_t row_bytes_;
+  bool kivi_;
+  int bits_;
+  const uint8_t* block_kbase_ = nullptr;  // the current block's start (KIVI metadata)
+  const uint8_t* block_vbase_ = nullptr;
+  // Formats other than f32: the current block's codes of head g (and int8 row scales), the
+  // head scales (fp8), the codes two blocks ahead (prefetch).
+  const uint8_t* block_kc_ = nullptr;
+  const uint8_t* block_vc_ = nullptr;
+  const float* block_ks_ = nullptr;
+  const float* block_vs_ = nullptr;
+  float k_scale_ = 1.f, v_scale_ = 1.f;
+  const uint8_t* next_kc_ = nullptr;
+  const uint8_t* next_vc_ = nullptr;
   bool all_ = false;
   std::span<const SlotRange> ranges_;
   size_t range_idx_ = 0;

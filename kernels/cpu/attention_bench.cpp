@@ -7,6 +7,13 @@
 //       different "layer" and the layers together exceed 256 MiB (well past the 32 MiB L3);
 //       hot:1 rows keep one small layer in L2, the kernel's compute ceiling.
 //   PrefillAttention/<rows>/<ctx>/...  a causal prefill chunk over a warm cache, GFLOP/s.
+//   DecodeAttentionFormat/<ctx>/<heads>/<kv_heads>/<head_dim>/threads:T/format:F
+//       DecodeAttention (cold) over a cache stored in KV format F (kernels/common/kv_format.h:
+//       0 f32, 1 bf16, 2 f16, 3 int8, 4 fp8_e4m3, 5 fp8_e5m2, 6 int4, 7 int2: G = 32, every slot
+//       quantised); kv_bytes counts the stored bytes
+//       (data and metadata). Compare formats by time per call, from interleaved repetitions:
+//         kvlab_bench_attention --benchmark_filter=DecodeAttentionFormat \
+//           --benchmark_repetitions=5 --benchmark_enable_random_interleaving=true
 // Counters: bytes_per_second (KV read: 2 * ctx * kv_heads * head_dim * 4 bytes per call) and
 // frac_of_mem_bw (that over the bandwidth measured above with the same thread count), and for
 // one thread frac_cpu_time (the same ratio over main-thread CPU time, steadier when the machine
@@ -18,6 +25,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <random>
 #include <vector>
@@ -94,10 +102,10 @@ struct DecodeCache {
   std::vector<int64_t> positions;
   std::vector<uint8_t> valid;
 
-  DecodeCache(int ctx_, int H_, int D_, int layers)
+  DecodeCache(int ctx_, int H_, int D_, int layers, bool fp32_arenas = true)
       : ctx(ctx_), H(H_), D(D_), n_layers(layers),
         layer_floats(static_cast<size_t>((ctx_ + 15) / 16) * 16 * H_ * D_),
-        k(layer_floats * layers), v(layer_floats * layers) {
+        k(fp32_arenas ? layer_floats * layers : 16), v(fp32_arenas ? layer_floats * layers : 16) {
     const int blocks = (ctx + bs - 1) / bs;
     indices.resize(static_cast<size_t>(blocks) * layers);
     for (size_t i = 0; i < indices.size(); ++i) indices[i] = static_cast<int32_t>(i);
@@ -157,6 +165,109 @@ void DecodeAttention(benchmark::State& state) {
     benchmark::ClobberMemory();
   }
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * static_cast<int64_t>(kv_bytes));
+  state.counters["kv_bytes"] = benchmark::Counter(static_cast<double>(kv_bytes) * state.iterations(),
+                                                  benchmark::Counter::kIsRate);
+  state.counters["kv_bytes_per_iter"] = static_cast<double>(kv_bytes);
+}
+
+// The same layers stored in a KV format: K and V arenas of KvBlockLayout blocks (codes and the
+// per-row metadata), filled with N(0, 1) rows encoded once and copied to every layer.
+struct FormatCache {
+  DecodeCache meta;  // positions, valid, block table (its fp32 arenas stay 1 block: unused)
+  KvBlockLayout layout;
+  size_t layer_bytes;
+  std::vector<float> head_scale;
+  uint8_t* k = nullptr;
+  uint8_t* v = nullptr;
+  FormatCache(int ctx, int H, int D, int layers, KvFormat format)
+      : meta(ctx, H, D, layers, /*fp32_arenas=*/false), layout{format, 16, H, D, 32},
+        layer_bytes(static_cast<size_t>((ctx + 15) / 16) * layout.block_bytes()),
+        head_scale(static_cast<size_t>(H), 0.25f) {
+    const size_t total = layer_bytes * layers;
+    k = static_cast<uint8_t*>(std::aligned_alloc(64, (total + 63) / 64 * 64));
+    v = static_cast<uint8_t*>(std::aligned_alloc(64, (total + 63) / 64 * 64));
+    std::mt19937 rng(3);
+    std::normal_distribution<float> nd(0.f, 1.f);
+    std::vector<float> row(D);
+    const int blocks = (ctx + 15) / 16;
+    if (kv_format_is_kivi(format)) {  // random codes, plausible (s, z): decoding costs the same
+      for (size_t i = 0; i < layer_bytes; ++i) k[i] = v[i] = static_cast<uint8_t>(rng());
+      for (int b = 0; b < blocks; ++b)
+        for (uint8_t* arena : {k, v}) {
+          float* meta = reinterpret_cast<float*>(arena + static_cast<size_t>(b) * layout.block_bytes() + layout.meta_begin());
+          const size_t n = (layout.block_bytes() - layout.meta_begin()) / 4;
+          for (size_t i = 0; i < n; ++i) meta[i] = i % 2 ? -0.5f : 0.07f;
+        }
+    } else
+    for (int b = 0; b < blocks; ++b)
+      for (int h = 0; h < H; ++h)
+        for (int e = 0; e < 16; ++e)
+          for (uint8_t* arena : {k, v}) {
+            for (auto& x : row) x = nd(rng);
+            uint8_t* blk = arena + static_cast<size_t>(b) * layout.block_bytes();
+            float scale = head_scale[h];
+            kv_encode_row(format, row.data(), D, head_scale[h], blk + layout.row_offset(h, e), &scale);
+            if (format == KvFormat::kInt8) std::memcpy(blk + layout.meta_offset(h, e), &scale, 4);
+          }
+    for (int l = 1; l < layers; ++l) {
+      std::memcpy(k + l * layer_bytes, k, layer_bytes);
+      std::memcpy(v + l * layer_bytes, v, layer_bytes);
+    }
+  }
+  ~FormatCache() { std::free(k); std::free(v); }
+  LayerKv layer(int l) const {
+    LayerKv kv = meta.layer(l);
+    kv.view.k_data = kv.view.v_data = nullptr;
+    kv.layout = layout;
+    kv.k_bytes = k;
+    kv.v_bytes = v;
+    kv.k_head_scale = kv.v_head_scale = head_scale.data();
+    kv.kivi_q_slots = kv.n_slots;  // KIVI: every slot quantised (R = 128 of 16k would be < 1% fp32)
+    return kv;
+  }
+};
+
+void DecodeAttentionFormat(benchmark::State& state) {
+  const int ctx = static_cast<int>(state.range(0)), n_heads = static_cast<int>(state.range(1));
+  const int H = static_cast<int>(state.range(2)), D = static_cast<int>(state.range(3));
+  const int threads = static_cast<int>(state.range(4));
+  const KvFormat format = kAllKvFormats[state.range(5)];
+  const size_t kv_bytes = size_t{2} * static_cast<size_t>((ctx + 15) / 16) * KvBlockLayout{format, 16, H, D, 32}.block_bytes();
+  const int layers = static_cast<int>(std::max<size_t>(2, (kBigBytes + kv_bytes - 1) / kv_bytes));
+  std::vector<float> q(static_cast<size_t>(n_heads) * D), out(q.size());
+  std::mt19937 rng(1);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  for (auto& x : q) x = nd(rng);
+  const int64_t qpos = ctx;
+  AttentionArgs a;
+  a.q = q.data();
+  a.n_rows = 1;
+  a.n_heads = n_heads;
+  a.n_kv_heads = H;
+  a.head_dim = D;
+  a.q_positions = &qpos;
+  a.scale = 1.f / std::sqrt(static_cast<float>(D));
+  a.out = out.data();
+  if (format == KvFormat::kF32) {
+    DecodeCache cache(ctx, H, D, layers);
+    int l = 0;
+    for (auto _ : state) {
+      a.kv = cache.layer(l);
+      l = (l + 1) % layers;
+      attention(a, threads);
+      benchmark::ClobberMemory();
+    }
+  } else {
+    FormatCache cache(ctx, H, D, layers, format);
+    int l = 0;
+    for (auto _ : state) {
+      a.kv = cache.layer(l);
+      l = (l + 1) % layers;
+      attention(a, threads);
+      benchmark::ClobberMemory();
+    }
+  }
+  state.SetLabel(kv_format_name(format));
   state.counters["kv_bytes"] = benchmark::Counter(static_cast<double>(kv_bytes) * state.iterations(),
                                                   benchmark::Counter::kIsRate);
   state.counters["kv_bytes_per_iter"] = static_cast<double>(kv_bytes);
@@ -246,6 +357,12 @@ BENCHMARK(kvlab::DecodeAttention)
     ->Args({16384, 32, 8, 128, 1, 0})->Args({16384, 32, 8, 128, 2, 0})
     // Compute ceilings: 256 KiB of KV that stays in L2.
     ->Args({256, 8, 8, 64, 1, 1})->Args({128, 32, 8, 128, 1, 1})
+    ->Unit(benchmark::kMicrosecond)->UseRealTime();
+
+// The 110M shape (12 heads, head_dim 64, MHA) at 16k context, every format, 1 and 2 threads.
+BENCHMARK(kvlab::DecodeAttentionFormat)
+    ->ArgNames({"ctx", "heads", "kv_heads", "head_dim", "threads", "format"})
+    ->ArgsProduct({{16384}, {12}, {12}, {64}, {1, 2}, {0, 1, 2, 3, 4, 5, 6, 7}})
     ->Unit(benchmark::kMicrosecond)->UseRealTime();
 
 BENCHMARK(kvlab::PrefillAttention)

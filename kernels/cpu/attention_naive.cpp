@@ -1,6 +1,7 @@
 // Reference attention: for each (row, head) the candidate slots (selection, valid, causal), then
 // the one fp64 dense reference (kernels/testing/reference_attention.h) over them. Written for
-// clarity, not speed.
+// clarity, not speed. A quantised store's rows are decoded one at a time as the reference reads
+// them (LayerKv::load_key / load_value), never into a copy of the cache.
 #include <cmath>
 #include <limits>
 #include <stdexcept>
@@ -19,6 +20,8 @@ void attention_naive(const AttentionArgs& a) {
   const LayerKv& kv = a.kv;
   std::vector<float> keys;  // rope at read: the candidates' rotated keys [slots, D]
   std::vector<int> slots;
+  const bool f32 = kv.format() == KvFormat::kF32;
+  std::vector<float> krow(static_cast<size_t>(D)), vrow(static_cast<size_t>(D));  // decoded rows
   for (int r = 0; r < a.n_rows; ++r) {
     for (int h = 0; h < a.n_heads; ++h) {
       const int g = h / G;
@@ -38,15 +41,24 @@ void attention_naive(const AttentionArgs& a) {
       if (a.rope != nullptr) {
         keys.resize(slots.size() * D);
         for (size_t j = 0; j < slots.size(); ++j) {
-          const float* k = kv.key(slots[j], g);
-          for (int d = 0; d < D; ++d) keys[j * D + d] = k[d];
+          kv.load_key(slots[j], g, &keys[j * D]);
           a.rope->rotate(&keys[j * D], a.key_rope_pos[static_cast<size_t>(slots[j]) * Hkv + g]);
         }
       }
       const testing::ReferenceRow ref = testing::reference_attention_row(
           q, D, static_cast<int64_t>(slots.size()), a.scale,
-          [&](int64_t j) { return a.rope != nullptr ? &keys[j * D] : kv.key(slots[j], g); },
-          [&](int64_t j) { return kv.value(slots[j], g); }, [](int64_t) { return true; });
+          [&](int64_t j) {
+            if (a.rope != nullptr) return static_cast<const float*>(&keys[j * D]);
+            if (f32) return kv.key(slots[j], g);
+            kv.load_key(slots[j], g, krow.data());  // read at once (reference_attention.h)
+            return static_cast<const float*>(krow.data());
+          },
+          [&](int64_t j) {
+            if (f32) return kv.value(slots[j], g);
+            kv.load_value(slots[j], g, vrow.data());
+            return static_cast<const float*>(vrow.data());
+          },
+          [](int64_t) { return true; });
       float* out = a.out + (static_cast<size_t>(r) * a.n_heads + h) * D;
       for (int d = 0; d < D; ++d) out[d] = static_cast<float>(ref.out[d]);
       if (a.key_mass != nullptr)

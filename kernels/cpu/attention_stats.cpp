@@ -19,6 +19,7 @@ void window_attention(const AttentionArgs& a, int first_row, float* out) {
   std::vector<int> slots;
   std::vector<double> s;
   std::vector<float> rotated(static_cast<size_t>(D));
+  const bool f32 = kv.format() == KvFormat::kF32;
   for (int r = first_row; r < a.n_rows; ++r) {
     for (int h = 0; h < a.n_heads; ++h) {
       const int g = h / G;
@@ -37,9 +38,11 @@ void window_attention(const AttentionArgs& a, int first_row, float* out) {
       s.resize(slots.size());
       double m = -INFINITY;
       for (size_t j = 0; j < slots.size(); ++j) {
-        const float* k = kv.key(slots[j], g);
+        // f32: the stored row; other formats: the dequantised one (kv_format.h).
+        const float* k = f32 ? kv.key(slots[j], g) : rotated.data();
+        if (!f32) kv.load_key(slots[j], g, rotated.data());
         if (a.rope != nullptr) {
-          for (int d = 0; d < D; ++d) rotated[d] = k[d];
+          if (f32) for (int d = 0; d < D; ++d) rotated[d] = k[d];
           a.rope->rotate(rotated.data(), a.key_rope_pos[static_cast<size_t>(slots[j]) * Hkv + g]);
           k = rotated.data();
         }
