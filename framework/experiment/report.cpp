@@ -12,6 +12,7 @@
 #include "framework/experiment/cells.h"
 #include "framework/experiment/eval_columns.h"
 #include "framework/experiment/summary_rows.h"
+#include "framework/experiment/text_escape.h"
 
 namespace kvlab {
 
@@ -206,33 +207,6 @@ void print_table(std::ostream& out, const std::vector<std::vector<std::string>>&
   }
 }
 
-std::string json_string(const std::string& s) {
-  std::string out = "\"";
-  for (char ch : s) {
-    const unsigned char c = static_cast<unsigned char>(ch);
-    if (c == '"') out += "\\\"";
-    else if (c == '\\') out += "\\\\";
-    else if (c == '\n') out += "\\n";
-    else if (c < 0x20) {
-      char b[8];
-      std::snprintf(b, sizeof b, "\\u%04x", c);
-      out += b;
-    } else out += ch;
-  }
-  return out + "\"";
-}
-std::string json_number(double v) {
-  if (!std::isfinite(v)) return "null";
-  char b[64];
-  std::snprintf(b, sizeof b, "%.17g", v);
-  return b;
-}
-std::string csv_field(const std::string& s) {
-  if (s.find_first_of(",\"\n") == std::string::npos) return s;
-  std::string out = "\"";
-  for (char c : s) out += c == '"' ? std::string("\"\"") : std::string(1, c);
-  return out + "\"";
-}
 std::string csv_number(double v) {
   if (!std::isfinite(v)) return "";
   char b[64];

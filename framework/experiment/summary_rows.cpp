@@ -13,6 +13,7 @@
 #include "framework/core/error.h"
 #include "framework/experiment/eval_columns.h"
 #include "framework/experiment/report.h"
+#include "framework/experiment/text_escape.h"
 
 namespace kvlab {
 namespace {
@@ -27,37 +28,6 @@ std::string text_of(const AttrMap& a, const std::string& k) {
   if (auto* i = std::get_if<int64_t>(&it->second)) return std::to_string(*i);
   if (auto* d = std::get_if<double>(&it->second)) return str_cat(*d);
   return "";
-}
-
-std::string json_str(const std::string& s) {
-  std::string out = "\"";
-  for (char ch : s) {
-    const unsigned char c = static_cast<unsigned char>(ch);
-    if (c == '"') out += "\\\"";
-    else if (c == '\\') out += "\\\\";
-    else if (c == '\n') out += "\\n";
-    else if (c < 0x20) {
-      char b[8];
-      std::snprintf(b, sizeof b, "\\u%04x", c);
-      out += b;
-    } else out += ch;
-  }
-  return out + "\"";
-}
-
-std::string json_num(double v) {
-  if (!std::isfinite(v)) return "null";
-  char b[64];
-  std::snprintf(b, sizeof b, "%.17g", v);
-  return b;
-}
-
-// RFC 4180: quoted when it holds a comma, quote or line break; quotes doubled.
-std::string csv_field(const std::string& s) {
-  if (s.find_first_of(",\"\n\r") == std::string::npos) return s;
-  std::string out = "\"";
-  for (char c : s) out += c == '"' ? std::string("\"\"") : std::string(1, c);
-  return out + "\"";
 }
 
 // A Python list literal of strings, as pandas writes a list column to CSV.
@@ -131,16 +101,16 @@ void print_summary_rows_json(const std::vector<SummaryRow>& rows, std::ostream& 
   out << "[";
   for (size_t i = 0; i < rows.size(); ++i) {
     const SummaryRow& r = rows[i];
-    out << (i ? "," : "") << "\n" << indent << "  {\"run\": " << json_str(r.run) << ", \"policy_type\": "
-        << json_str(r.policy_type) << ", \"params\": {";
+    out << (i ? "," : "") << "\n" << indent << "  {\"run\": " << json_string(r.run) << ", \"policy_type\": "
+        << json_string(r.policy_type) << ", \"params\": {";
     bool first = true;
-    for (const auto& [k, v] : r.params) out << (first ? "" : ", ") << json_str(k) << ": " << json_str(v), first = false;
-    out << "}, \"evaluation\": " << json_str(r.kind) << ", \"cell\": " << json_str(r.cell)
-        << ", \"task\": " << json_str(r.task) << ", \"protocol\": " << json_str(r.protocol)
-        << ", \"context_length\": " << json_num(r.context_length)
-        << ", \"compression_ratio\": " << json_num(r.compression_ratio) << ", \"score\": " << json_num(r.score)
-        << ", \"samples\": " << json_num(r.samples) << ", \"kv_bytes_peak\": " << json_num(r.kv_bytes_peak)
-        << ", \"kv_kept_fraction\": " << json_num(r.kv_kept_fraction) << "}";
+    for (const auto& [k, v] : r.params) out << (first ? "" : ", ") << json_string(k) << ": " << json_string(v), first = false;
+    out << "}, \"evaluation\": " << json_string(r.kind) << ", \"cell\": " << json_string(r.cell)
+        << ", \"task\": " << json_string(r.task) << ", \"protocol\": " << json_string(r.protocol)
+        << ", \"context_length\": " << json_number(r.context_length)
+        << ", \"compression_ratio\": " << json_number(r.compression_ratio) << ", \"score\": " << json_number(r.score)
+        << ", \"samples\": " << json_number(r.samples) << ", \"kv_bytes_peak\": " << json_number(r.kv_bytes_peak)
+        << ", \"kv_kept_fraction\": " << json_number(r.kv_kept_fraction) << "}";
   }
   out << "\n" << indent << "]";
 }
@@ -271,8 +241,8 @@ std::vector<fs::path> export_kvpress(const ResultsFile& file, const fs::path& di
     bool first = true;
     for (const auto& [task, sn] : per_task) {
       // kvpress's RULER scorer: per task {"string_match": mean score x 100}.
-      metrics << (first ? "" : ",") << "\n    " << json_str(task) << ": {\n        \"string_match\": "
-              << json_num(sn.second ? 100.0 * sn.first / sn.second : kNaN) << "\n    }";
+      metrics << (first ? "" : ",") << "\n    " << json_string(task) << ": {\n        \"string_match\": "
+              << json_number(sn.second ? 100.0 * sn.first / sn.second : kNaN) << "\n    }";
       first = false;
     }
     metrics << "\n}\n";
