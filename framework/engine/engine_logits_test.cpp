@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "framework/engine/engine.h"
+#include "framework/engine/engine_testing.h"
 #include "framework/engine/logit_bound.h"
 #include "framework/model/model.h"
 
@@ -72,17 +73,6 @@ std::unique_ptr<Model> load(const fs::path& path, const std::string& dtype = "ke
   o.load_tokenizer = false;
   o.weight_dtype = dtype;
   return load_model(path, o);
-}
-
-// Prefill logits [n, vocab] of one sequence.
-std::vector<float> engine_logits(const Model& m, const std::vector<int32_t>& tokens) {
-  EngineOptions o;
-  o.threads = 1;
-  o.block_size_tokens = 16;
-  Engine e(m, o);
-  std::vector<float> lg;
-  EXPECT_EQ(e.prefill(e.start_sequence(), tokens, lg, true), StepStatus::kOk);
-  return lg;
 }
 
 // Logits [n, vocab] from the numpy reference on a HF directory.
@@ -141,14 +131,14 @@ TEST_F(FixtureLogits, HfMatchesTheNumpyReference) {
     for (size_t k = f.sequences.size() >= 2 ? f.sequences.size() - 2 : 0; k < f.sequences.size(); ++k) {
       const auto& seq = f.sequences[k];
       const std::string what = f.dir.filename().string() + ", " + std::to_string(seq.size()) + " tokens";
-      expect_within(engine_logits(*hf, seq), reference_logits(f.dir / files["hf"].get<std::string>(), seq, V),
+      expect_within(prefill_logits(*hf, seq), reference_logits(f.dir / files["hf"].get<std::string>(), seq, V),
                     logit_bound(*hf, seq.size()), what);
     }
     if (files.contains("hf_bf16")) {
       const fs::path dir = f.dir / files["hf_bf16"].get<std::string>();
       const auto bf = load(dir);
       const auto& seq = f.sequences.back();
-      expect_within(engine_logits(*bf, seq), reference_logits(dir, seq, V), logit_bound(*bf, seq.size()),
+      expect_within(prefill_logits(*bf, seq), reference_logits(dir, seq, V), logit_bound(*bf, seq.size()),
                     f.dir.filename().string() + " bf16");
     }
   }
@@ -159,23 +149,23 @@ TEST_F(FixtureLogits, EveryFormatGivesTheSameLogits) {
     const auto& files = f.meta["files"];
     const auto hf = load(f.dir / files["hf"].get<std::string>());
     const auto& seq = f.sequences.back();
-    const auto want = engine_logits(*hf, seq);
+    const auto want = prefill_logits(*hf, seq);
     const double two_passes = 2 * logit_bound(*hf, seq.size());  // two differently rounded passes
     // HF (rotate-half) vs sharded HF: the same computation, bit for bit.
     if (files.contains("hf_sharded")) {
       SCOPED_TRACE(f.dir.filename().string() + " hf_sharded");
-      EXPECT_EQ(max_abs_diff(engine_logits(*load(f.dir / files["hf_sharded"].get<std::string>()), seq), want), 0.f);
+      EXPECT_EQ(max_abs_diff(prefill_logits(*load(f.dir / files["hf_sharded"].get<std::string>()), seq), want), 0.f);
     }
     // GGUF vs llama2.c: both store Q/K for interleaved RoPE, so also bit for bit; against HF the
     // head features are permuted, which only reorders float sums.
     std::vector<float> gguf;
     if (files.contains("gguf")) {
-      gguf = engine_logits(*load(f.dir / files["gguf"].get<std::string>()), seq);
+      gguf = prefill_logits(*load(f.dir / files["gguf"].get<std::string>()), seq);
       expect_within(gguf, want, two_passes, f.dir.filename().string() + " gguf");
     }
     if (files.contains("llama2c")) {
       SCOPED_TRACE(f.dir.filename().string() + " llama2c");
-      const auto l2c = engine_logits(*load(f.dir / files["llama2c"].get<std::string>()), seq);
+      const auto l2c = prefill_logits(*load(f.dir / files["llama2c"].get<std::string>()), seq);
       expect_within(l2c, want, two_passes, f.dir.filename().string() + " llama2c");
       if (!gguf.empty()) {
         EXPECT_EQ(max_abs_diff(l2c, gguf), 0.f);
@@ -185,7 +175,7 @@ TEST_F(FixtureLogits, EveryFormatGivesTheSameLogits) {
       if (!files.contains(key)) continue;
       const auto stored = load(f.dir / files[key].get<std::string>());
       const auto converted = load(f.dir / files["hf"].get<std::string>(), dtype);
-      expect_within(engine_logits(*stored, seq), engine_logits(*converted, seq),
+      expect_within(prefill_logits(*stored, seq), prefill_logits(*converted, seq),
                     2 * logit_bound(*converted, seq.size()), f.dir.filename().string() + " " + key);
     }
   }
@@ -195,7 +185,7 @@ TEST_F(FixtureLogits, DecodeMatchesPrefill) {
   for (const Fixture& f : fixtures_) {
     const auto m = load(f.dir / f.meta["files"]["gguf"].get<std::string>());
     const auto& seq = f.sequences.back();
-    const auto want = engine_logits(*m, seq);
+    const auto want = prefill_logits(*m, seq);
     EngineOptions o;
     o.threads = 1;
     o.block_size_tokens = 7;

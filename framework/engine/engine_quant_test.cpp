@@ -73,16 +73,6 @@ std::vector<float> decode_all(const Model& m, const std::vector<int32_t>& tokens
   return all;
 }
 
-std::vector<float> prefill(const Model& m, const std::vector<int32_t>& tokens) {
-  EngineOptions o;
-  o.threads = 1;
-  o.block_size_tokens = 16;
-  Engine e(m, o);
-  std::vector<float> lg;
-  EXPECT_EQ(e.prefill(e.start_sequence(), tokens, lg, true), StepStatus::kOk);
-  return lg;
-}
-
 // Decode bound. A quantised input x of a projection (blocks of B values, a_i = round(x_i / da),
 // da = max|x_b| / 127) carries an error e_i uniform on [-da/2, da/2], rms da / sqrt(12) <=
 // |x_b|_2 / (127 sqrt(12)) per value, so |e|_2 / |x|_2 <= eps_B = sqrt(B / 12) / 127 (B = 256:
@@ -137,7 +127,7 @@ TEST(EngineQuant, MixedQuantisedModelsMatchTheirDequantisedTwin) {
     apply(*q, *deq, pc.plan);
     const auto tokens = random_tokens(12, c.vocab_size, 5);
 
-    const auto pq = prefill(*q, tokens), pd = prefill(*deq, tokens);
+    const auto pq = prefill_logits(*q, tokens), pd = prefill_logits(*deq, tokens);
     const double pbound = 2 * logit_bound(*deq, tokens.size());
     double pmax = 0;
     for (size_t i = 0; i < pq.size(); ++i) pmax = std::max(pmax, std::fabs(double(pq[i]) - pd[i]));

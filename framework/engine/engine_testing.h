@@ -1,11 +1,14 @@
-// Shared setup of the engine tests: the small random-weight Llama shape they run on and random
-// token ids (header-only; the tests link no extra library for it).
+// Shared setup of the engine tests: the small random-weight Llama shape they run on, random
+// token ids, one sequence's prefill logits (header-only; the tests link no extra library for it).
 #pragma once
+
+#include <gtest/gtest.h>
 
 #include <cstdint>
 #include <random>
 #include <vector>
 
+#include "framework/engine/engine.h"
 #include "framework/model/model.h"
 
 namespace kvlab {
@@ -32,6 +35,17 @@ inline std::vector<int32_t> random_tokens(int n, int vocab, uint32_t seed) {
   std::vector<int32_t> t(n);
   for (auto& x : t) x = static_cast<int32_t>(rng() % vocab);
   return t;
+}
+
+// Prefill logits [n, vocab] of one sequence (one thread, blocks of 16 tokens).
+inline std::vector<float> prefill_logits(const Model& m, const std::vector<int32_t>& tokens) {
+  EngineOptions o;
+  o.threads = 1;
+  o.block_size_tokens = 16;
+  Engine e(m, o);
+  std::vector<float> lg;
+  EXPECT_EQ(e.prefill(e.start_sequence(), tokens, lg, true), StepStatus::kOk);
+  return lg;
 }
 
 }  // namespace kvlab
