@@ -36,10 +36,9 @@ TEST(KvStore, AttentionOverStoreMatchesDenseReference) {
   // (the dequantised rows for a format other than f32).
   Fixture f(1, 2, 32, 7, 200, format);
   KvStore store(f.cfg);
-  const SeqId s = store.create_sequence();
   auto model = f.empty_model();
-  ASSERT_EQ(store.reserve(s, 50), AllocStatus::kOk);
-  for (int t = 0; t < 50; ++t) f.append(store, s, t, model);
+  const SeqId s = f.filled_sequence(store, 50, model);
+  if (HasFatalFailure()) return;
   Evictions ev;
   ev.clear(2);
   ev.slots[0] = {3, 4, 20};

@@ -50,14 +50,12 @@ TEST(BlockPool, AllocateReleaseRefCount) {
   EXPECT_THROW(pool.release(a), Error);
 }
 
-
 TEST(KvStore, AppendAndReadBack) {
   Fixture f(2, 3, 8, 4, 64);
   KvStore store(f.cfg);
-  const SeqId s = store.create_sequence();
   auto model = f.empty_model();
-  ASSERT_EQ(store.reserve(s, 11), AllocStatus::kOk);
-  for (int t = 0; t < 11; ++t) f.append(store, s, 100 + t, model);
+  const SeqId s = f.filled_sequence(store, 11, model, 100);
+  if (HasFatalFailure()) return;
   expect_matches(store, s, model);
   EXPECT_EQ(store.stats().blocks_in_use, 2 * 3);  // ceil(11/4) blocks per layer
   EXPECT_THROW(store.append(s, 0, 111, model[0][0][0].k.data(), model[0][0][0].v.data()), Error);
@@ -96,10 +94,9 @@ TEST(KvStore, OutOfBlocksIsAStatusAndAllOrNothing) {
 TEST(KvStore, ForkSharesPrefixAndCopiesOnWrite) {
   Fixture f(2, 2, 16, 16, 64);
   KvStore store(f.cfg);
-  const SeqId parent = store.create_sequence();
   auto pm = f.empty_model();
-  ASSERT_EQ(store.reserve(parent, 37), AllocStatus::kOk);
-  for (int t = 0; t < 37; ++t) f.append(store, parent, t, pm);
+  const SeqId parent = f.filled_sequence(store, 37, pm);
+  if (HasFatalFailure()) return;
   const int64_t before = store.stats().blocks_in_use;  // 3 per layer
   EXPECT_EQ(before, 6);
   const SeqId child = store.fork(parent);
@@ -185,10 +182,9 @@ TEST(KvStore, SlidingEvictionFreesBlocks) {
 TEST(KvStore, EvictionRejectsBadInputWithoutChanges) {
   Fixture f(1, 2, 8, 4, 16);
   KvStore store(f.cfg);
-  const SeqId s = store.create_sequence();
   auto model = f.empty_model();
-  ASSERT_EQ(store.reserve(s, 6), AllocStatus::kOk);
-  for (int t = 0; t < 6; ++t) f.append(store, s, t, model);
+  const SeqId s = f.filled_sequence(store, 6, model);
+  if (HasFatalFailure()) return;
   Evictions ev;
   ev.clear(2);
   ev.slots[0] = {1, 9};
@@ -300,10 +296,9 @@ TEST(KvStore, EvictionUnderAPendingReservationDefersBlockRelease) {
 TEST(KvStore, ForkAtABlockBoundaryNeedsNoCopy) {
   Fixture f(2, 1, 8, 4, 16);
   KvStore store(f.cfg);
-  const SeqId p = store.create_sequence();
   auto pm = f.empty_model();
-  ASSERT_EQ(store.reserve(p, 8), AllocStatus::kOk);
-  for (int t = 0; t < 8; ++t) f.append(store, p, t, pm);
+  const SeqId p = f.filled_sequence(store, 8, pm);
+  if (HasFatalFailure()) return;
   const SeqId c = store.fork(p);
   EXPECT_EQ(store.blocks_needed(c, 1), 2);  // one fresh block per layer, no copy
   EXPECT_EQ(store.blocks_needed(c, 0), 0);

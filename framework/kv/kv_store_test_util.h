@@ -65,6 +65,13 @@ struct Fixture {
       }
     }
   }
+  // A new sequence holding n tokens at positions first, first + 1, ... (mirrored into model).
+  SeqId filled_sequence(KvStore& store, int n, std::vector<HeadTokens>& model, int64_t first = 0) {
+    const SeqId s = store.create_sequence();
+    EXPECT_EQ(store.reserve(s, n), AllocStatus::kOk);
+    for (int t = 0; t < n; ++t) append(store, s, first + t, model);
+    return s;
+  }
   std::vector<HeadTokens> empty_model() const {
     return std::vector<HeadTokens>(cfg.n_layers, HeadTokens(cfg.n_kv_heads));
   }
