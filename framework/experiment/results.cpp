@@ -179,6 +179,14 @@ void write_dataset(H5::Group& g, const std::string& name, const Dataset& ds) {
   for (const auto& [k, a] : ds.attrs) write_attr(out, k, a);
 }
 
+// n elements of `in` as T (n already checked against the file's size).
+template <class T>
+std::vector<T> read_values(const H5::DataSet& in, size_t n, const H5::PredType& type) {
+  std::vector<T> v(n);
+  if (n) in.read(v.data(), type);
+  return v;
+}
+
 Dataset read_dataset(const H5::DataSet& in) {
   Dataset ds;
   const H5::DataSpace space = in.getSpace();
@@ -199,23 +207,15 @@ Dataset read_dataset(const H5::DataSet& in) {
     ds.data = std::move(v);
   } else if (cls == H5T_FLOAT) {
     if (in.getFloatType().getSize() == 4) {
-      std::vector<float> v(n);
-      if (n) in.read(v.data(), H5::PredType::NATIVE_FLOAT);
-      ds.data = std::move(v);
+      ds.data = read_values<float>(in, n, H5::PredType::NATIVE_FLOAT);
     } else {
-      std::vector<double> v(n);
-      if (n) in.read(v.data(), H5::PredType::NATIVE_DOUBLE);
-      ds.data = std::move(v);
+      ds.data = read_values<double>(in, n, H5::PredType::NATIVE_DOUBLE);
     }
   } else if (cls == H5T_INTEGER) {
     if (in.getIntType().getSize() == 1) {
-      std::vector<int8_t> v(n);
-      if (n) in.read(v.data(), H5::PredType::NATIVE_INT8);
-      ds.data = std::move(v);
+      ds.data = read_values<int8_t>(in, n, H5::PredType::NATIVE_INT8);
     } else {
-      std::vector<int64_t> v(n);
-      if (n) in.read(v.data(), H5::PredType::NATIVE_INT64);
-      ds.data = std::move(v);
+      ds.data = read_values<int64_t>(in, n, H5::PredType::NATIVE_INT64);
     }
   } else {
     fail("dataset '", in.getObjName(), "' has an unsupported type");
