@@ -10,6 +10,8 @@ namespace kvlab {
 std::vector<RunSpec> expand_runs(const ExperimentSpec& spec) {
   check_grid_size(spec);  // counted before anything is built
   std::vector<RunSpec> runs;
+  const bool format_axis = spec.kv.formats.size() > 1;
+  for (const std::string& format : spec.kv.formats)
   for (size_t e = 0; e < spec.policies.size(); ++e) {
     const PolicyEntry& entry = spec.policies[e];
     // Odometer over the parameter lists, last parameter fastest.
@@ -19,6 +21,7 @@ std::vector<RunSpec> expand_runs(const ExperimentSpec& spec) {
       run.entry_name = entry.name;
       run.type = entry.type;
       run.entry_index = int(e);
+      run.kv_format = format;
       run.name = entry.name;
       std::string suffix;
       for (size_t p = 0; p < entry.params.size(); ++p) {
@@ -26,6 +29,7 @@ std::vector<RunSpec> expand_runs(const ExperimentSpec& spec) {
         run.params[key] = values[at[p]];
         if (values.size() > 1) suffix += (suffix.empty() ? "" : ",") + key + "=" + to_string(values[at[p]]);
       }
+      if (format_axis) suffix += (suffix.empty() ? "" : ",") + std::string("kv.format=") + format;
       if (!suffix.empty()) run.name += "@" + suffix;
       runs.push_back(std::move(run));
       // Advance the odometer; done when the first digit wraps (or there are no digits).

@@ -4,6 +4,9 @@
 //   run  = one policy entry with one value per parameter. A parameter given as a list expands
 //          into the cartesian product, in file order, the last parameter varying fastest; the run
 //          is named "NAME" (no list) or "NAME@key=value,key=value" (only the listed keys).
+//          A list of kv.format values multiplies the runs: every policy run once per format,
+//          formats outermost (so the cells of one format are contiguous), named with a last
+//          listed key "kv.format=NAME" ("full@kv.format=int4", "win@window=64,kv.format=int8").
 //   cell = (run, evaluation, the evaluation's cell): NIAH (context length, depth) with every
 //          seed x trial of that grid point, perplexity (text file), RULER (task, length).
 // Cells are numbered in a fixed order (runs outer; then the evaluations in registry order, each
@@ -26,6 +29,7 @@ struct RunSpec {
   std::string type;           // registered policy type
   std::map<std::string, ParamValue> params;  // one value each (raw; registry validates)
   int entry_index = 0;        // index into ExperimentSpec::policies
+  std::string kv_format = "f32";  // one of ExperimentSpec::kv.formats
 };
 
 struct CellSpec {

@@ -66,7 +66,13 @@ void parse_kv(const Reader& r, const YAML::Node& node, KvSpec& kv) {
   if (node["format"]) {
     std::vector<std::string> names;
     for (KvFormat f : kAllKvFormats) names.push_back(kv_format_name(f));
-    kv.format = r.get_choice(node["format"], "kv.format", names);
+    kv.formats.clear();
+    for (const auto& [n, path] : r.one_or_list(node["format"], "kv.format")) {
+      const std::string f = r.get_choice(n, path, names);
+      if (std::find(kv.formats.begin(), kv.formats.end(), f) != kv.formats.end())
+        r.error(n, path, "format '", f, "' is listed twice");
+      kv.formats.push_back(f);
+    }
     kv.format_ref = r.ref(node["format"], "kv.format");
   }
   if (node["fp8_scale"]) kv.fp8_scale = r.get_number(node["fp8_scale"], "kv.fp8_scale", 1e-30, 1e30);
@@ -226,6 +232,7 @@ const PerplexitySpec& perplexity_spec(const ExperimentSpec& spec) {
 GridCount count_grid(const ExperimentSpec& spec) {
   GridCount g;
   for (const PolicyEntry& e : spec.policies) g.runs = saturating_add(g.runs, entry_runs(e));
+  g.runs = saturating_mul(g.runs, spec.kv.formats.size());
   for (const auto& e : spec.evals) g.cells_per_run = saturating_add(g.cells_per_run, e->cell_count());
   g.cells = saturating_mul(g.runs, g.cells_per_run);
   return g;

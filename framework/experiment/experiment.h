@@ -10,7 +10,8 @@
 // Schema (see docs/results_schema.md and experiments/*.yaml for complete examples):
 //   name: str                         optional, default: the file's stem
 //   model: {path, dtype: keep|f32|f16|bf16|q8_0, threads: int (0 = all cores), tokenizer: path}
-//   kv: {block_size: int, budget_bytes: int | "64MiB" (0 = room for the model's max_seq_len)}
+//   kv: {block_size: int, budget_bytes: int | "64MiB" (0 = room for the model's max_seq_len),
+//        format: NAME | [NAMES] (a list is a grid axis), fp8_scale, group_size, residual}
 //   engine: {prefill_chunk: int, probe: bool, probe_every: int, probe_layers: [int], max_tokens: int}
 //   policies: [{name, type, params: {key: scalar | [scalars]}}]   lists expand as a grid
 //   plugins: [path.so]
@@ -54,7 +55,9 @@ struct ModelSpec {
 struct KvSpec {
   int block_size_tokens = 16;
   uint64_t budget_bytes = 0;  // 0 = the engine's default: room for max_seq_len tokens
-  std::string format = "f32";  // storage format (kernels/common/kv_format.h); f32 is exact
+  // Storage formats (kernels/common/kv_format.h; f32 is exact). `format: NAME` gives one;
+  // `format: [NAMES]` is a grid axis: every policy run once per format (cells.h).
+  std::vector<std::string> formats{"f32"};
   double fp8_scale = 1.0;      // fp8 formats: the scale of every (layer, KV head)
   int group_size = 32;         // int4 / int2 (KIVI): G, and the R newest tokens kept fp32
   int residual = 128;
@@ -120,7 +123,7 @@ const PerplexitySpec& perplexity_spec(const ExperimentSpec& spec);
 // How many runs and cells the spec expands to (cells.h), counted from the list lengths without
 // building anything; saturates at UINT64_MAX instead of wrapping.
 struct GridCount {
-  uint64_t runs = 0;           // sum over policy entries of the product of their list lengths
+  uint64_t runs = 0;           // kv.format count x the sum over policy entries of the product of their list lengths
   uint64_t cells_per_run = 0;  // sum over evaluations of their cells
   uint64_t cells = 0;          // runs x cells_per_run
 };

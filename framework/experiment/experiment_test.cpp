@@ -116,6 +116,36 @@ TEST(Experiment, GridExpandsInFileOrderLastFastest) {
   for (size_t i = 0; i < cells.size(); ++i) EXPECT_EQ(cells[i].index, int(i));
 }
 
+// kv.format as a grid axis: every policy run once per format, formats outermost, the format a
+// last listed key of the run's name; one format (a scalar or a one-element list) leaves the names
+// as they were.
+TEST(Experiment, KvFormatListIsAGridAxis) {
+  const std::string base = "model: {path: m.gguf}\npolicies:\n  - {name: full, type: full}\n"
+                           "  - {name: win, type: window, params: {window: [32, 64]}}\n"
+                           "evals: {perplexity: {text: t.txt}}\n";
+  const ExperimentSpec s = parse_experiment_text(base + "kv: {format: [f32, int4]}\n", "grid.yaml");
+  ASSERT_EQ(s.kv.formats, (std::vector<std::string>{"f32", "int4"}));
+  EXPECT_EQ(count_grid(s).runs, 6u);
+  const std::vector<RunSpec> runs = expand_runs(s);
+  std::vector<std::string> names, formats;
+  for (const auto& r : runs) {
+    names.push_back(r.name);
+    formats.push_back(r.kv_format);
+  }
+  EXPECT_EQ(names, (std::vector<std::string>{"full@kv.format=f32", "win@window=32,kv.format=f32",
+                                             "win@window=64,kv.format=f32", "full@kv.format=int4",
+                                             "win@window=32,kv.format=int4", "win@window=64,kv.format=int4"}));
+  EXPECT_EQ(formats, (std::vector<std::string>{"f32", "f32", "f32", "int4", "int4", "int4"}));
+  for (const char* one : {"kv: {format: int8}\n", "kv: {format: [int8]}\n"}) {
+    const ExperimentSpec t = parse_experiment_text(base + one, "one.yaml");
+    const std::vector<RunSpec> r = expand_runs(t);
+    ASSERT_EQ(r.size(), 3u) << one;
+    EXPECT_EQ(r[1].name, "win@window=32") << one;
+    EXPECT_EQ(r[1].kv_format, "int8") << one;
+  }
+  EXPECT_EQ(expand_runs(parse_experiment_text(base, "default.yaml"))[0].kv_format, "f32");
+}
+
 TEST(Experiment, ShardsPartitionTheCells) {
   const ExperimentSpec s = parse_experiment_text(kValid, "demo.yaml");
   const auto cells = expand_cells(s, expand_runs(s));

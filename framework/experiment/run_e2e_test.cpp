@@ -338,6 +338,49 @@ TEST_F(RunE2e, CudaRunAgreesWithTheCpuRun) {
 // error naming the key, the cell and what it needed, a non-zero exit, and the cells finished
 // before it (a sliding window fits) complete in the file. A pool that cannot hold one token is
 // refused before any file is written.
+// kv.format as a grid axis through a run: each run records its format and bytes per token,
+// the f32 runs' cells equal a single-format f32 experiment's cells dataset for dataset (one engine
+// per format, built afresh: nothing leaks from one format's store into the next), and the int8
+// runs hold fewer bytes per token.
+TEST_F(RunE2e, KvFormatGridRunsEachPolicyOncePerFormat) {
+  auto yaml = [&](const std::string& name, const std::string& formats) {
+    return "name: " + name + "\nmodel: {path: " + fixture_model().string() + ", threads: 1}\n" +
+           "kv: {block_size: 4, format: " + formats + "}\n" + R"(engine: {probe: false}
+policies:
+  - {name: full, type: full}
+  - {name: win, type: sliding_window, params: {window: 24}}
+seeds: [0]
+)" + evals_yaml("[120]", "[50]");
+  };
+  const fs::path grid = work_dir() / "format_grid.h5", single = work_dir() / "format_f32.h5";
+  run_experiment(parse_experiment(write_yaml("format_grid", yaml("format_grid", "[int8, f32]"))), quiet_options(grid));
+  run_experiment(parse_experiment(write_yaml("format_f32", yaml("format_f32", "f32"))), quiet_options(single));
+  ResultsFile g = ResultsFile::open(grid), one = ResultsFile::open(single);
+  EXPECT_EQ(g.runs(), (std::vector<std::string>{"full@kv.format=f32", "full@kv.format=int8", "win@kv.format=f32",
+                                               "win@kv.format=int8"}));  // (the file lists them sorted)
+  const int64_t f32_bytes = std::get<int64_t>(g.run_attrs("full@kv.format=f32").at("kv_bytes_per_token"));
+  const int64_t int8_bytes = std::get<int64_t>(g.run_attrs("win@kv.format=int8").at("kv_bytes_per_token"));
+  EXPECT_EQ(std::get<std::string>(g.run_attrs("win@kv.format=int8").at("kv_format")), "int8");
+  EXPECT_EQ(f32_bytes, std::get<int64_t>(one.run_attrs("full").at("kv_bytes_per_token")));
+  EXPECT_LT(int8_bytes, f32_bytes / 3);
+  for (const char* policy : {"full", "win"}) {
+    const std::string run = std::string(policy) + "@kv.format=f32";
+    ASSERT_EQ(g.complete_cells(run), one.complete_cells(policy));
+    for (const std::string& cell : one.complete_cells(policy)) {
+      CellRecord a, b;
+      a.datasets = g.read_cell(run, cell).datasets;
+      b.datasets = one.read_cell(policy, cell).datasets;
+      a.datasets.erase("tokens_per_s");
+      b.datasets.erase("tokens_per_s");
+      std::string diff;
+      EXPECT_TRUE(same_cell_contents(a, b, &diff)) << run << "/" << cell << ": " << diff;
+    }
+    // The int8 store is another computation: its cells exist and record their format.
+    const std::string q = std::string(policy) + "@kv.format=int8";
+    EXPECT_EQ(g.complete_cells(q).size(), one.complete_cells(policy).size());
+  }
+}
+
 TEST(RunKvBudget, TinyBudgetIsOneClearErrorAndKeepsFinishedCells) {
   const fs::path kvlab = fs::path(KVLAB_BINARY_DIR) / "bin/kvlab";
   if (!fs::exists(fixture_model())) GTEST_SKIP() << "needs the tiny_models CTest fixture: absent";

@@ -74,16 +74,22 @@ std::string first_difference(const std::string& before, const std::string& now) 
   }
 }
 
+// The store of one kv.format for this model (its bytes per token; the engine's store).
+KvStoreConfig store_config(const ExperimentSpec& spec, const ModelConfig& c, const std::string& format) {
+  KvStoreConfig kc{c.n_layers, c.n_kv_heads, c.head_dim, spec.kv.block_size_tokens, 0, KvFormat::kF32, 1.f,
+                   spec.kv.group_size, spec.kv.residual};
+  parse_kv_format(format, &kc.format);  // checked when parsed
+  return kc;
+}
+
 void dry_run(const ExperimentSpec& spec, const std::vector<RunSpec>& runs,
              const std::vector<CellSpec>& cells, const RunOptions& o, const Model& model,
              const PolicyRegistry& registry, std::ostream& out) {
   const ModelConfig& c = model.config;
-  KvStoreConfig kc{c.n_layers, c.n_kv_heads, c.head_dim, spec.kv.block_size_tokens, 0, KvFormat::kF32, 1.f,
-                   spec.kv.group_size, spec.kv.residual};
-  parse_kv_format(spec.kv.format, &kc.format);
-  const double bytes_per_token_layer = kv_bytes_per_token(kc) / c.n_layers;  // data + metadata
-  out << "kv.format " << spec.kv.format << ": " << kv_bytes_per_token(kc) << " bytes per token (K and V, "
-      << c.n_layers << " layers x " << c.n_kv_heads << " KV heads, metadata included)\n";
+  for (const std::string& format : spec.kv.formats)
+    out << "kv.format " << format << ": " << kv_bytes_per_token(store_config(spec, c, format))
+        << " bytes per token (K and V, " << c.n_layers << " layers x " << c.n_kv_heads
+        << " KV heads, metadata included)\n";
   char line[512];
   std::snprintf(line, sizeof line, "%6s  %-32s %-20s %10s %14s\n", "cell", "run", "eval", "tokens", "kv_est_MiB");
   out << line;
@@ -97,6 +103,7 @@ void dry_run(const ExperimentSpec& spec, const std::vector<RunSpec>& runs,
     // Resident tokens rounded up to whole blocks per layer (the store's unit).
     const int64_t per_layer = resident_token_layers(*policy, c, tokens) / c.n_layers;
     const int64_t bs = spec.kv.block_size_tokens;
+    const double bytes_per_token_layer = kv_bytes_per_token(store_config(spec, c, run.kv_format)) / c.n_layers;
     const double bytes = double((per_layer + bs - 1) / bs * bs) * bytes_per_token_layer * c.n_layers;
     std::snprintf(line, sizeof line, "%6d  %-32s %-20s %10lld %14.2f\n", cell.index, run.name.c_str(),
                   cell.id.c_str(), static_cast<long long>(tokens), bytes / 1048576.0);
@@ -177,8 +184,8 @@ std::string cell_identity(const ExperimentSpec& spec, const RunSpec& run,
   line("device", in.device);
   line("kv.block_size", spec.kv.block_size_tokens);
   line("kv.budget_bytes", spec.kv.budget_bytes);
-  if (spec.kv.format != "f32")  // f32: the identity of before
-    line("kv.format", spec.kv.format, " fp8_scale ", spec.kv.fp8_scale, " group_size ", spec.kv.group_size,
+  if (run.kv_format != "f32")  // f32: the identity of before
+    line("kv.format", run.kv_format, " fp8_scale ", spec.kv.fp8_scale, " group_size ", spec.kv.group_size,
          " residual ", spec.kv.residual);
   line("engine.prefill_chunk", spec.engine.prefill_chunk_tokens);
   line("engine.probe", spec.engine.probe ? 1 : 0);
@@ -197,9 +204,10 @@ std::string cell_identity(const ExperimentSpec& spec, const RunSpec& run,
 int run_experiment(const ExperimentSpec& spec, const RunOptions& o) {
   std::ostream& out = o.out ? *o.out : std::cout;
   check_device(o.device);
-  if (o.device != Device::kCpu && spec.kv.format != "f32")
-    fail(spec.kv.format_ref.str(), ": kv.format ", spec.kv.format, " is not available with --device ",
-         device_name(o.device), " (its kernels read f32 host pages; the device pool's precision is --device-dtype)");
+  for (const std::string& format : spec.kv.formats)
+    if (o.device != Device::kCpu && format != "f32")
+      fail(spec.kv.format_ref.str(), ": kv.format ", format, " is not available with --device ",
+           device_name(o.device), " (its kernels read f32 host pages; the device pool's precision is --device-dtype)");
   check_files_exist(spec);
   PolicyRegistry registry = make_builtin_registry();
   for (const auto& p : spec.plugins) registry.load_plugin(p);
@@ -215,13 +223,10 @@ int run_experiment(const ExperimentSpec& spec, const RunOptions& o) {
   load.load_tokenizer = !o.dry_run;
   const std::unique_ptr<Model> model = load_model(spec.model.path, load);
   const ModelConfig& config = model->config;
-  {  // the KV format's shape against the model, before any work (dry run included)
-    KvFormat f = KvFormat::kF32;
-    parse_kv_format(spec.kv.format, &f);
-    if (kv_format_is_kivi(f) && config.head_dim % spec.kv.group_size != 0)
+  for (const std::string& format : spec.kv.formats)  // each format's shape against the model, before any work
+    if (kv_format_is_kivi(store_config(spec, config, format).format) && config.head_dim % spec.kv.group_size != 0)
       fail(spec.kv.format_ref.str(), ": kv.group_size ", spec.kv.group_size, " does not divide the model's head_dim ",
-           config.head_dim, " (", spec.kv.format, " groups values over kv.group_size channels)");
-  }
+           config.head_dim, " (", format, " groups values over kv.group_size channels)");
   const std::vector<std::string> warnings = check_experiment_against_model(spec, config, registry);
   if (o.progress)
     for (const std::string& w : warnings) std::fprintf(o.progress, "warning: %s\n", w.c_str());
@@ -232,9 +237,9 @@ int run_experiment(const ExperimentSpec& spec, const RunOptions& o) {
   const Tokenizer& tokenizer = *model->tokenizer;
 
   // A pool that cannot hold one token (a block in every layer) is an error before any file.
-  KvFormat kv_format = KvFormat::kF32;
-  parse_kv_format(spec.kv.format, &kv_format);  // checked when parsed
-  if (spec.kv.budget_bytes > 0) {
+  for (const std::string& format : spec.kv.formats) {
+    if (spec.kv.budget_bytes == 0) break;
+    const KvFormat kv_format = store_config(spec, config, format).format;
     const uint64_t block_bytes =
         uint64_t(2) * KvBlockLayout{kv_format, spec.kv.block_size_tokens, config.n_kv_heads, config.head_dim, spec.kv.group_size}.block_bytes();
     if (spec.kv.budget_bytes / block_bytes < uint64_t(config.n_layers))
@@ -323,14 +328,14 @@ int run_experiment(const ExperimentSpec& spec, const RunOptions& o) {
                  {"seeds", seeds},
                  {"cells_total", int64_t(cells.size())},
                  {"shard", str_cat(o.shard.index, "/", o.shard.count)},
-                 {"kv_bytes_per_token", int64_t(kv_bytes_per_token(KvStoreConfig{config.n_layers, config.n_kv_heads,
-                     config.head_dim, spec.kv.block_size_tokens, 0, kv_format, 1.f, spec.kv.group_size, spec.kv.residual}))},
+                 {"kv_bytes_per_token", int64_t(kv_bytes_per_token(store_config(spec, config, spec.kv.formats.front())))},
                  {"device", ids.device}};
     file = ResultsFile::create(output, root);
   }
   for (size_t r = 0; r < runs.size(); ++r) {
     const RunSpec& run = runs[r];
-    AttrMap a{{"policy_name", run.entry_name}, {"policy_type", run.type}};
+    AttrMap a{{"policy_name", run.entry_name}, {"policy_type", run.type}, {"kv_format", run.kv_format},
+              {"kv_bytes_per_token", int64_t(kv_bytes_per_token(store_config(spec, config, run.kv_format)))}};
     std::string params, eff;
     for (const auto& [k, v] : run.params) {
       a["param." + k] = param_attr(v);
@@ -361,11 +366,13 @@ int run_experiment(const ExperimentSpec& spec, const RunOptions& o) {
   eo.max_tokens = spec.engine.max_tokens;
   eo.device = o.device;
   eo.device_dtype = o.device_dtype;
-  eo.kv_format = kv_format;
   eo.kv_fp8_scale = float(spec.kv.fp8_scale);
   eo.kv_group_size = spec.kv.group_size;
   eo.kv_residual = spec.kv.residual;
-  Engine engine(*model, eo);
+  // One engine (one KV store) per kv.format, built when its first cell comes: runs are ordered
+  // format by format (cells.h), so one engine is alive at a time.
+  std::unique_ptr<Engine> engine;
+  std::string engine_format;
 
   const bool interactive = o.progress_interactive >= 0 ? o.progress_interactive == 1
                                                        : (o.progress && Progress::is_terminal(o.progress));
@@ -374,7 +381,13 @@ int run_experiment(const ExperimentSpec& spec, const RunOptions& o) {
   int n_run = 0;
   for (const CellSpec* cell : todo) {
     const RunSpec& run = runs[cell->run];
-    EngineLm lm(engine, [&registry, &run, shape = policy_shape(config)] {
+    if (!engine || engine_format != run.kv_format) {
+      engine.reset();
+      eo.kv_format = store_config(spec, config, run.kv_format).format;
+      engine = std::make_unique<Engine>(*model, eo);
+      engine_format = run.kv_format;
+    }
+    EngineLm lm(*engine, [&registry, &run, shape = policy_shape(config)] {
       return registry.create(run.type, run.params, shape, "policies." + run.name + ".params");
     });
     if (progress) {
