@@ -32,12 +32,15 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <memory>
+#include <mutex>
 #include <vector>
 
 #include "kernels/common/online_softmax.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/attention_common.h"
 #include "kernels/cpu/cpu_path.h"
+#include "kernels/cpu/thread_pool.h"
 
 #ifndef KVLAB_ATTENTION_AVX2
 #define KVLAB_ATTENTION_AVX2 0
@@ -56,8 +59,8 @@
 
 namespace kvlab {
 
-void attention_tiled_avx2(const AttentionArgs& a, int n_threads);      // attention_avx2.cpp
-void attention_tiled_portable(const AttentionArgs& a, int n_threads);  // this file
+void attention_tiled_avx2(const AttentionArgs& a, ThreadPool* pool);      // attention_avx2.cpp
+void attention_tiled_portable(const AttentionArgs& a, ThreadPool* pool);  // this file
 
 namespace {
 
@@ -810,16 +813,15 @@ std::vector<WorkItem> make_items(const AttentionArgs& a) {
 }  // namespace
 
 #if KVLAB_ATTENTION_AVX2
-void attention_tiled_avx2(const AttentionArgs& a, int n_threads) {
+void attention_tiled_avx2(const AttentionArgs& a, ThreadPool* pool) {
 #else
-void attention_tiled_portable(const AttentionArgs& a, int n_threads) {
+void attention_tiled_portable(const AttentionArgs& a, ThreadPool* pool) {
 #endif
   check_attention_args(a);
   if (a.n_rows == 0) return;
-  n_threads = std::max(1, n_threads);
   const std::vector<WorkItem> items = make_items(a);
   const int n_items = static_cast<int>(items.size());
-  const bool parallel = n_threads > 1 && n_items > 1;
+  const bool parallel = pool != nullptr && pool->size() > 1 && n_items > 1;
   // key_mass / head_mass: one thread runs the items in order and adds as it goes; several
   // threads would race (and add in a schedule-dependent order), so each item keeps its sums and
   // they are added afterwards per KV head in item order -- the same sums in the same order (an
@@ -827,26 +829,49 @@ void attention_tiled_portable(const AttentionArgs& a, int n_threads) {
   const bool direct = !parallel;
   std::vector<ItemMass> item_mass;
   if ((a.key_mass != nullptr || a.head_mass != nullptr) && !direct) item_mass.resize(items.size());
-#pragma omp parallel for num_threads(n_threads) schedule(dynamic, 1) if (parallel)
-  for (int i = 0; i < n_items; ++i)
-    run_item(a, items[i], a.lse, direct, item_mass.empty() ? nullptr : &item_mass[i]);
+  const auto main_pass = [&](int64_t begin, int64_t end, int) {
+    for (int64_t i = begin; i < end; ++i)
+      run_item(a, items[i], a.lse, direct, item_mass.empty() ? nullptr : &item_mass[i]);
+  };
+  if (parallel) pool->parallel_for(n_items, main_pass);
+  else main_pass(0, n_items, 0);
 
   if (item_mass.empty()) return;
-  const int Hkv = a.n_kv_heads;
-#pragma omp parallel for num_threads(n_threads) schedule(dynamic, 1) if (Hkv > 1)
-  for (int g = 0; g < Hkv; ++g)
-    for (int i = 0; i < n_items; ++i)
-      if (items[i].kv_head == g) add_item_mass(a, g, item_mass[i]);
+  const auto add_pass = [&](int64_t begin, int64_t end, int) {
+    for (int64_t g = begin; g < end; ++g)
+      for (int i = 0; i < n_items; ++i)
+        if (items[i].kv_head == g) add_item_mass(a, static_cast<int>(g), item_mass[i]);
+  };
+  pool->parallel_for(a.n_kv_heads, add_pass);  // (parallel: pool is set)
 }
 
 #if !KVLAB_ATTENTION_AVX2
-void attention(const AttentionArgs& a, int n_threads, CpuPath path) {
+void attention(const AttentionArgs& a, ThreadPool* pool, CpuPath path) {
   if (path == CpuPath::kAvx2) {
     if (!cpu_has_avx2_fma_f16c()) throw std::invalid_argument("attention: this CPU has no AVX2+FMA");
-    attention_tiled_avx2(a, n_threads);
+    attention_tiled_avx2(a, pool);
   } else {
-    attention_tiled_portable(a, n_threads);
+    attention_tiled_portable(a, pool);
   }
+}
+
+void attention(const AttentionArgs& a, ThreadPool* pool) { attention(a, pool, cpu_path()); }
+
+void attention(const AttentionArgs& a, int n_threads, CpuPath path) {
+  if (n_threads <= 1) {
+    attention(a, nullptr, path);
+    return;
+  }
+  // The callers that give a thread count (tests, benchmarks) share one pool per process, rebuilt
+  // when the count changes; the lock keeps its one-job-at-a-time contract across caller threads.
+  static std::mutex mutex;
+  static std::unique_ptr<ThreadPool> pool;
+  const std::lock_guard<std::mutex> lock(mutex);
+  if (pool == nullptr || pool->size() != n_threads) {
+    pool.reset();
+    pool = std::make_unique<ThreadPool>(n_threads);
+  }
+  attention(a, pool.get(), path);
 }
 
 void attention(const AttentionArgs& a, int n_threads) { attention(a, n_threads, cpu_path()); }
