@@ -37,6 +37,8 @@ QuantIsa quant_isa_best() {
   return best;
 }
 
+bool quant_matvec_supports(DType t) { return is_block_quant(t) || t == DType::kQ8_0; }
+
 void quantize_activations(const float* x, int64_t n, int64_t cols, int64_t block, QuantActivations& out) {
   if (block <= 0 || block % 16 != 0 || cols % block != 0)
     fail("quantize_activations: ", cols, " columns are not a multiple of the block ", block);
@@ -78,7 +80,7 @@ void quantize_activations(const float* x, int64_t n, int64_t cols, int64_t block
 namespace {
 
 void check(const WeightView& w, const QuantActivations& a) {
-  if (!is_block_quant(w.dtype)) fail("quant_matvec_rows: ", dtype_name(w.dtype), " is not a block-quantised type");
+  if (!quant_matvec_supports(w.dtype)) fail("quant_matvec_rows: ", dtype_name(w.dtype), " is not a block-quantised type");
   if (a.block != quant_block_values(w.dtype) || a.cols != w.cols)
     fail("quant_matvec_rows: activations quantised in blocks of ", a.block, " over ", a.cols, " columns for a ",
          dtype_name(w.dtype), " matrix of ", w.cols, " columns");
@@ -127,7 +129,7 @@ void quant_matvec_rows(const WeightView& w, const QuantActivations& a, float* y,
 
 void quant_matvec_rows(const WeightView& w, const float* x, int64_t n, float* y, int64_t row_begin,
                        int64_t row_end, QuantIsa isa) {
-  if (!is_block_quant(w.dtype)) fail("quant_matvec_rows: ", dtype_name(w.dtype), " is not a block-quantised type");
+  if (!quant_matvec_supports(w.dtype)) fail("quant_matvec_rows: ", dtype_name(w.dtype), " is not a block-quantised type");
   thread_local QuantActivations a;
   quantize_activations(x, n, w.cols, quant_block_values(w.dtype), a);
   quant_matvec_rows(w, a, y, row_begin, row_end, isa);
