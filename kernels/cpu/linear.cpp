@@ -2,10 +2,12 @@
 
 #include <cblas.h>
 #include <immintrin.h>
+#include <strings.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 
 #include "kernels/common/error.h"
@@ -14,6 +16,7 @@
 #include "kernels/cpu/quant_matvec.h"
 
 extern "C" void openblas_set_num_threads(int num_threads);
+extern "C" char* openblas_get_corename();
 
 namespace kvlab {
 
@@ -380,10 +383,56 @@ void matvec_rows(const WeightView& w, const float* x, int64_t n, float* y, int64
   matvec_rows(w, x, n, y, row_begin, row_end, matvec_isa());
 }
 
+// ---- OpenBLAS's kernels ----------------------------------------------------------------------
+// OpenBLAS as Debian ships it (libopenblas0-pthread, a DYNAMIC_ARCH build) picks its kernels when
+// it is loaded, from the CPU's model number; a model it does not know gets its SSE3 "Prescott"
+// kernels. 0.3.21 does not know the Intel Xeon of family 6 model 207 (0xCF; AVX-512 with BF16
+// and AMX): there the prefill sgemm ran the Prescott kernel, ~3x slower than SkylakeX's
+// (kvlab generate, 512-token prompt, 1 thread: 51-53 tok/s against 146-166 with
+// OPENBLAS_CORETYPE=SkylakeX). So before kvlab's first BLAS call, if OpenBLAS fell back to
+// Prescott on a CPU with AVX-512 F/BW/VL/DQ (or AVX2 + FMA) and the user did not choose a core,
+// kvlab re-runs OpenBLAS's own core selection with OPENBLAS_CORETYPE=SkylakeX (Haswell), the
+// documented override, through the two functions DYNAMIC_ARCH builds export for it. A BLAS
+// without them (weak symbols: null) keeps its kernels, and so does every CPU OpenBLAS knows
+// (Zen 3, Zen 4, Skylake-X ...): there nothing changes. (Setting the variable before OpenBLAS
+// loads does not work from inside the program: libc's start-up resets the environment after
+// .preinit_array runs and before the libraries' initialisers.)
+extern "C" void gotoblas_dynamic_init() __attribute__((weak));
+extern "C" void gotoblas_dynamic_quit() __attribute__((weak));
+
+namespace {
+// Called once, before the first BLAS call (no BLAS call is running then).
+bool fix_openblas_fallback_core() {
+  if (gotoblas_dynamic_init == nullptr || gotoblas_dynamic_quit == nullptr) return false;
+  if (std::getenv("OPENBLAS_CORETYPE") != nullptr) return false;
+  const char* core = openblas_get_corename();
+  if (core == nullptr || strcasecmp(core, "prescott") != 0) return false;
+  const char* want = matvec_isa_supported(MatvecIsa::kAvx512) ? "SkylakeX"
+                     : cpu_has_avx2_fma_f16c()                 ? "Haswell"
+                                                               : nullptr;
+  if (want == nullptr) return false;
+  setenv("OPENBLAS_CORETYPE", want, 0);
+  gotoblas_dynamic_quit();
+  gotoblas_dynamic_init();
+  unsetenv("OPENBLAS_CORETYPE");  // (the environment as the user left it)
+  return true;
+}
+void ensure_openblas_core() {
+  static const bool fixed = fix_openblas_fallback_core();
+  (void)fixed;
+}
+}  // namespace
+
+const char* blas_core_name() {
+  ensure_openblas_core();
+  return openblas_get_corename();
+}
+
 namespace {
 std::atomic<int> g_blas_threads{-1};
 // Sets OpenBLAS's thread count when it differs (call outside parallel regions).
 void set_blas_threads(int n) {
+  ensure_openblas_core();
   if (g_blas_threads.load() != n) {
     openblas_set_num_threads(n);
     g_blas_threads.store(n);

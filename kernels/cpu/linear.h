@@ -90,6 +90,10 @@ struct LinearScratch {
 void linear(ThreadPool& pool, const float* x, int64_t n, std::initializer_list<LinearJob> jobs,
             LinearScratch& scratch);
 
+// The kernel set OpenBLAS chose (openblas_get_corename(): "SkylakeX", "Haswell", "Prescott" ...);
+// linear.cpp sets OPENBLAS_CORETYPE before OpenBLAS loads on AVX-512 CPUs (see there).
+const char* blas_core_name();
+
 // Raw sgemm: y[n, rows] (row stride ldy) = x[n, cols] @ W^T, W fp32 row-major [rows, cols], on
 // `blas_threads` OpenBLAS threads (1 inside a pool job).
 void sgemm_xwt(const float* x, int64_t n, const float* w, int64_t rows, int64_t cols, float* y,

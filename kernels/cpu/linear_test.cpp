@@ -11,8 +11,10 @@
 #include <array>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
+#include <string>
 
 #include "kernels/common/error.h"
 #include "kernels/cpu/thread_pool.h"
@@ -202,6 +204,15 @@ TEST(Linear, EachIsaIsReportedAndTheDetectedOneIsSupported) {
     std::printf("matvec isa %s: %s\n", to_string(isa), matvec_isa_supported(isa) ? "tested" : "not on this CPU");
   EXPECT_TRUE(matvec_isa_supported(matvec_isa()));
   EXPECT_TRUE(matvec_isa_supported(MatvecIsa::kPortable));
+}
+
+// linear.cpp replaces OpenBLAS's fallback for CPUs it does not know (the SSE3 Prescott kernels)
+// with the kernels of the instruction set the CPU has, unless the user chose a core.
+TEST(Linear, OpenblasDoesNotRunItsSse3FallbackOnAnAvx2OrAvx512Cpu) {
+  std::printf("OpenBLAS core: %s\n", blas_core_name());
+  if (std::getenv("OPENBLAS_CORETYPE") != nullptr) GTEST_SKIP() << "OPENBLAS_CORETYPE is set by the environment";
+  if (!cpu_has_avx2_fma_f16c()) GTEST_SKIP() << "no AVX2: OpenBLAS keeps its own choice";
+  EXPECT_STRCASENE(blas_core_name(), "Prescott");
 }
 
 TEST(Linear, Q8RejectsColsNotMultipleOf32) {
