@@ -69,12 +69,12 @@ class CpuBackend final : public Backend {
       s.window_by_kernel = true;
     }
     a.out = out;
-    // The attention kernels thread with OpenMP (its own team, outside our pool's jobs). Short
-    // attention (decode at short contexts, tiny models) stays on this thread: a fork-join costs
-    // more than it saves there, and far more when the cores are shared.
+    // Attention runs on the engine's pool (between its dense jobs, so no second team of threads
+    // spins against it). Short attention (decode at short contexts, tiny models) stays on this
+    // thread: a fork-join costs more than it saves there, and far more when the cores are shared.
     const size_t kv_bytes_read =
         size_t{2} * kv.n_slots * nkv * hd * sizeof(float) * static_cast<size_t>(g.n_rows);
-    attention(a, kv_bytes_read < kAttentionParallelBytes ? 1 : pool_.size());
+    attention(a, kv_bytes_read < kAttentionParallelBytes ? nullptr : &pool_);
   }
 
   const ModelConfig& c_;

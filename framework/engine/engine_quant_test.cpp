@@ -73,28 +73,6 @@ std::vector<float> decode_all(const Model& m, const std::vector<int32_t>& tokens
   return all;
 }
 
-// Decode bound. A quantised input x of a projection (blocks of B values, a_i = round(x_i / da),
-// da = max|x_b| / 127) carries an error e_i uniform on [-da/2, da/2], rms da / sqrt(12) <=
-// |x_b|_2 / (127 sqrt(12)) per value, so |e|_2 / |x|_2 <= eps_B = sqrt(B / 12) / 127 (B = 256:
-// 0.036; B = 32: 0.013). Per layer four inputs are quantised (x_norm for Q/K/V, the attention
-// output for wo, x_norm for gate/up, silu(g)*u for down), and the final hidden state for the
-// lm_head: S = 4 n_layers + 1 independent relative errors, which add in quadrature and pass
-// through the layers as logit_bound.h's model has it (RMSNorm removes the scale), so
-// |dxn|_2 / |xn|_2 <= sqrt(S) eps_B. A logit is w_v g . xn; an error direction independent of
-// w_v g gives |d logit_v| <= lambda |w_v g|_2 |dxn|_2 / sqrt(D) = lambda |w_v g|_2 sqrt(S) eps_B
-// (|xn|_2 = sqrt(D)), lambda = 6 as in logit_bound.h. Plus the fp32 rounding of both passes.
-// (This is a model of the error, not a worst case: the worst case, Cauchy-Schwarz without the
-// independence, is sqrt(D) times larger and would pass a broken kernel.)
-double decode_bound(const Model& deq, int64_t block, int64_t v, size_t n_tokens) {
-  const ModelConfig& c = deq.config;
-  std::vector<float> row(c.dim);
-  weight_row_to_float(deq.lm_head, v, row.data());
-  double wg = 0;
-  for (int d = 0; d < c.dim; ++d) wg += std::pow(double(row[d]) * deq.final_norm[d], 2);
-  const double eps = std::sqrt(block / 12.0) / 127, S = 4.0 * c.n_layers + 1;
-  return 6 * std::sqrt(wg) * std::sqrt(S) * eps + 2 * logit_bound(deq, n_tokens);
-}
-
 struct PlanCase {
   const char* name;
   Plan plan;
@@ -104,7 +82,8 @@ struct PlanCase {
 
 std::vector<PlanCase> plans() {
   std::vector<PlanCase> out;
-  for (DType t : {DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K})
+  for (DType t : {DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1, DType::kQ8_0, DType::kQ4_K, DType::kQ5_K,
+                  DType::kQ6_K})
     out.push_back({dtype_name(t), Plan{{"default", t}}, quant_block_values(t), true});
   // as llama.cpp's Q4_K_M: Q6_K in attn_v / ffn_down / output, Q4_K elsewhere
   out.push_back({"q4_k_m-like", Plan{{"default", DType::kQ4_K}, {"wv", DType::kQ6_K}, {"w_down", DType::kQ6_K},
@@ -139,7 +118,7 @@ TEST(EngineQuant, MixedQuantisedModelsMatchTheirDequantisedTwin) {
     for (size_t i = 0; i < dq.size(); ++i) {
       ASSERT_TRUE(std::isfinite(dq[i])) << pc.name;
       const int64_t v = static_cast<int64_t>(i % c.vocab_size);
-      const double bound = decode_bound(*deq, pc.max_block, v, tokens.size());
+      const double bound = activation_quant_logit_bound(*deq, pc.max_block, v, tokens.size());
       worst = std::max(worst, std::fabs(double(dq[i]) - dd[i]) / bound);
       logit_rms += double(dd[i]) * dd[i];
       ASSERT_LE(std::fabs(double(dq[i]) - dd[i]), bound) << pc.name << " logit " << i;

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <vector>
 
 #include "framework/model/model.h"
@@ -48,6 +49,32 @@ inline double logit_bound(const Model& m, size_t n_tokens) {
   const double N = c.n_layers * per_layer + c.dim;
   constexpr double kU = 0x1p-24, kLambda = 6;
   return 2 * kLambda * kU * std::sqrt(N) * M;
+}
+
+// Decode on int8-quantised activations (q8_0 and the block types, kernels/cpu/quant_matvec.h)
+// against the same model with fp32-dequantised weights, logit v (deq: the dequantised model; block:
+// the largest activation block among its matrices, 32 or 256; with fp32-stored weights w_v g is the
+// same). A quantised input x of a projection (blocks of B values, a_i = round(x_i / da), da =
+// max|x_b| / 127) carries an error e_i uniform on [-da/2, da/2], rms da / sqrt(12) <= |x_b|_2 /
+// (127 sqrt(12)) per value, so |e|_2 / |x|_2 <= eps_B = sqrt(B / 12) / 127 (B = 256: 0.036; B = 32:
+// 0.013). Per layer four inputs are quantised (x_norm for Q/K/V, the attention output for wo,
+// x_norm for gate/up, silu(g)*u for down), and the final hidden state for the lm_head: S = 4
+// n_layers + 1 independent relative errors, which add in quadrature and pass through the layers as
+// logit_bound's model above has it (RMSNorm removes the scale), so |dxn|_2 / |xn|_2 <= sqrt(S)
+// eps_B. A logit is w_v g . xn; an error direction independent of w_v g gives |d logit_v| <= lambda
+// |w_v g|_2 |dxn|_2 / sqrt(D) = lambda |w_v g|_2 sqrt(S) eps_B (|xn|_2 = sqrt(D)), lambda = 6 as
+// above. Plus the fp32 rounding of both passes.
+// (This is a model of the error, not a worst case: the worst case, Cauchy-Schwarz without the
+// independence, is sqrt(D) times larger and would pass a broken kernel.)
+inline double activation_quant_logit_bound(const Model& deq, int64_t block, int64_t v,
+                                           size_t n_tokens) {
+  const ModelConfig& c = deq.config;
+  std::vector<float> row(c.dim);
+  weight_row_to_float(deq.lm_head, v, row.data());
+  double wg = 0;
+  for (int d = 0; d < c.dim; ++d) wg += std::pow(double(row[d]) * deq.final_norm[d], 2);
+  const double eps = std::sqrt(block / 12.0) / 127, S = 4.0 * c.n_layers + 1;
+  return 6 * std::sqrt(wg) * std::sqrt(S) * eps + 2 * logit_bound(deq, n_tokens);
 }
 
 }  // namespace kvlab

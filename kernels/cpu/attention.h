@@ -21,8 +21,9 @@
 // of a CPU without them, plain loops and std::exp). Its output does not depend on
 // the tile size beyond float rounding. key_mass and head_mass read no key twice: the raw scores of
 // a work item are kept in per-thread scratch and turned into exp(s_j - LSE) once the item's LSEs
-// are known. Threads (OpenMP, the engine's team) split work items (block of rows, KV head); with
-// several threads each item's sums are buffered and added per KV head in item order.
+// are known. The threads of a ThreadPool (the engine's own: no second team spins beside it) split
+// work items (block of rows, KV head); with several threads each item's sums are buffered and
+// added per KV head in item order.
 // Results (out, lse, key_mass, head_mass) are bitwise independent of n_threads.
 //
 // Contract: the ranges of the rows read lie in [0, n_slots) (std::invalid_argument otherwise);
@@ -74,10 +75,18 @@ inline AttentionArgs attention_args(const float* q, int n_rows, int n_heads, int
   return a;
 }
 
-void attention_naive(const AttentionArgs& args);               // reference
-void attention(const AttentionArgs& args, int n_threads = 1);  // tiled online softmax
+class ThreadPool;
+
+void attention_naive(const AttentionArgs& args);  // reference
+// Tiled online softmax on the pool's threads (nullptr: the calling thread alone). The pool runs
+// one job at a time: the caller must not be inside one of its jobs.
+void attention(const AttentionArgs& args, ThreadPool* pool);
+// The same on n_threads threads of a pool kept per process (for tests and benchmarks; calls
+// from several threads are serialised), 1: the calling thread alone.
+void attention(const AttentionArgs& args, int n_threads = 1);
 // The same on a chosen instruction-set path (cpu_path.h); attention() above takes cpu_path().
 // kAvx2 on a CPU without AVX2+FMA+F16C: std::invalid_argument.
+void attention(const AttentionArgs& args, ThreadPool* pool, CpuPath path);
 void attention(const AttentionArgs& args, int n_threads, CpuPath path);
 
 // StreamingLLM's "positions inside the cache": out[s * n_kv_heads + g] = number of valid slots

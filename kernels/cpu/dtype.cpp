@@ -165,8 +165,13 @@ void to_float(DType dtype, const void* src, float* dst, int64_t n) {
       return;
     }
     case DType::kBF16: {
+      // bf16_to_fp32 written out, so the loop vectorises (the out-of-line call per value was 23%
+      // of a bf16 prefill: perf, 512 tokens, 1 thread); the same bits.
       const auto* h = static_cast<const uint16_t*>(src);
-      for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_fp32(h[i]);
+      for (int64_t i = 0; i < n; ++i) {
+        const uint32_t bits = static_cast<uint32_t>(h[i]) << 16;
+        std::memcpy(dst + i, &bits, 4);
+      }
       return;
     }
     case DType::kQ8_0:

@@ -2,10 +2,12 @@
 
 #include <cblas.h>
 #include <immintrin.h>
+#include <strings.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 
 #include "kernels/common/error.h"
@@ -14,6 +16,7 @@
 #include "kernels/cpu/quant_matvec.h"
 
 extern "C" void openblas_set_num_threads(int num_threads);
+extern "C" char* openblas_get_corename();
 
 namespace kvlab {
 
@@ -144,35 +147,6 @@ inline void dot_rows(const uint8_t* const* rows, const float* x, int64_t cols, f
   }
 }
 
-// q8_0: per 32-weight block, p = sum_j q_j x_j in fp32 (4 FMAs), then acc += d * p.
-template <int R>
-inline void dot_rows_q8(const uint8_t* const* rows, const float* x, int64_t cols, float* out) {
-  __m256 acc[R];
-  for (int i = 0; i < R; ++i) acc[i] = _mm256_setzero_ps();
-  const int64_t blocks = cols / kQ8BlockSize;
-  for (int64_t blk = 0; blk < blocks; ++blk) {
-    const float* xb = x + blk * kQ8BlockSize;
-    const __m256 x0 = _mm256_loadu_ps(xb), x1 = _mm256_loadu_ps(xb + 8);
-    const __m256 x2 = _mm256_loadu_ps(xb + 16), x3 = _mm256_loadu_ps(xb + 24);
-    for (int i = 0; i < R; ++i) {
-      const uint8_t* p = rows[i] + blk * kQ8BlockBytes;
-      uint16_t dh;
-      std::memcpy(&dh, p, 2);
-      const __m256 d = _mm256_set1_ps(_cvtsh_ss(dh));
-      // 8 int8 -> 8 fp32 (the 8-byte load folds into vpmovsxbd)
-      auto q8 = [p](int k) {
-        return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 2 + 8 * k))));
-      };
-      __m256 s = _mm256_mul_ps(q8(0), x0);
-      s = _mm256_fmadd_ps(q8(1), x1, s);
-      s = _mm256_fmadd_ps(q8(2), x2, s);
-      s = _mm256_fmadd_ps(q8(3), x3, s);
-      acc[i] = _mm256_fmadd_ps(d, s, acc[i]);
-    }
-  }
-  for (int i = 0; i < R; ++i) out[i] = hsum(acc[i]);
-}
-
 template <int R>
 inline void dot_rows_any(DType type, const uint8_t* const* rows, const float* x, int64_t cols,
                          float* out) {
@@ -180,8 +154,7 @@ inline void dot_rows_any(DType type, const uint8_t* const* rows, const float* x,
     case DType::kF32: dot_rows<LoadF32, R>(rows, x, cols, out); break;
     case DType::kF16: dot_rows<LoadF16, R>(rows, x, cols, out); break;
     case DType::kBF16: dot_rows<LoadBF16, R>(rows, x, cols, out); break;
-    case DType::kQ8_0: dot_rows_q8<R>(rows, x, cols, out); break;
-    default: KVLAB_CHECK(false, "block-quantised types run in quant_matvec");
+    default: KVLAB_CHECK(false, "q8_0 and the block-quantised types run in quant_matvec");
   }
 }
 
@@ -278,30 +251,6 @@ inline void dot_rows16(const uint8_t* const* rows, const float* x, int64_t cols,
   }
 }
 
-// q8_0: per 32-weight block, p = sum_j q_j x_j in fp32 (2 x 16 lanes), then acc += d * p.
-template <int R>
-inline void dot_rows16_q8(const uint8_t* const* rows, const float* x, int64_t cols, float* out) {
-  __m512 acc[R];
-  for (int i = 0; i < R; ++i) acc[i] = _mm512_setzero_ps();
-  const int64_t blocks = cols / kQ8BlockSize;
-  for (int64_t blk = 0; blk < blocks; ++blk) {
-    const float* xb = x + blk * kQ8BlockSize;
-    const __m512 x0 = _mm512_loadu_ps(xb), x1 = _mm512_loadu_ps(xb + 16);
-    for (int i = 0; i < R; ++i) {
-      const uint8_t* p = rows[i] + blk * kQ8BlockBytes;
-      _mm_prefetch(reinterpret_cast<const char*>(p + 8 * kQ8BlockBytes), _MM_HINT_T0);
-      uint16_t dh;
-      std::memcpy(&dh, p, 2);
-      const __m512 d = _mm512_set1_ps(_cvtsh_ss(dh));
-      const __m512 q0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2))));
-      const __m512 q1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 18))));
-      const __m512 s = _mm512_fmadd_ps(q1, x1, _mm512_mul_ps(q0, x0));
-      acc[i] = _mm512_fmadd_ps(d, s, acc[i]);
-    }
-  }
-  for (int i = 0; i < R; ++i) out[i] = _mm512_reduce_add_ps(acc[i]);
-}
-
 template <int R>
 inline void dot_rows16_any(DType type, const uint8_t* const* rows, const float* x, int64_t cols,
                            float* out) {
@@ -309,8 +258,7 @@ inline void dot_rows16_any(DType type, const uint8_t* const* rows, const float* 
     case DType::kF32: dot_rows16<Load16F32, R>(rows, x, cols, out); break;
     case DType::kF16: break;  // never called: matvec_rows_avx512 runs fp16 on the AVX2 kernel
     case DType::kBF16: dot_rows16<Load16BF16, R>(rows, x, cols, out); break;
-    case DType::kQ8_0: dot_rows16_q8<R>(rows, x, cols, out); break;
-    default: break;  // never called: block-quantised types take the integer kernels (matvec_rows)
+    default: break;  // never called: q8_0 and the block types take the integer kernels (matvec_rows)
   }
 }
 
@@ -349,8 +297,7 @@ void matvec_rows_avx512(const WeightView& w, const float* x, int64_t n, float* y
 
 namespace {
 
-// Portable matvec: one row at a time, fp32 accumulation; q8_0 as above (per block
-// p = sum_j q_j x_j, then acc += d * p).
+// Portable matvec: one row at a time, fp32 accumulation.
 // (Nothing from the target region above is called here: those functions carry the AVX2 target.)
 float dot_row_portable(DType type, const uint8_t* row, const float* x, int64_t cols) {
   const auto* f32 = reinterpret_cast<const float*>(row);
@@ -360,18 +307,7 @@ float dot_row_portable(DType type, const uint8_t* row, const float* x, int64_t c
     case DType::kF32: for (int64_t c = 0; c < cols; ++c) s += f32[c] * x[c]; break;
     case DType::kF16: for (int64_t c = 0; c < cols; ++c) s += fp16_to_fp32(u16[c]) * x[c]; break;
     case DType::kBF16: for (int64_t c = 0; c < cols; ++c) s += bf16_to_fp32(u16[c]) * x[c]; break;
-    case DType::kQ8_0:
-      for (int64_t blk = 0; blk < cols / kQ8BlockSize; ++blk) {
-        const uint8_t* p = row + blk * kQ8BlockBytes;
-        uint16_t dh;
-        std::memcpy(&dh, p, 2);
-        float dot = 0.f;
-        for (int j = 0; j < kQ8BlockSize; ++j)
-          dot += static_cast<float>(static_cast<int8_t>(p[2 + j])) * x[blk * kQ8BlockSize + j];
-        s += fp16_to_fp32(dh) * dot;
-      }
-      break;
-    default: KVLAB_CHECK(false, "block-quantised types run in quant_matvec");
+    default: KVLAB_CHECK(false, "q8_0 and the block-quantised types run in quant_matvec");
   }
   return s;
 }
@@ -383,6 +319,12 @@ void check_matrix(const WeightView& w) {
     fail(dtype_name(w.dtype), " weight with ", w.cols, " columns: needs a multiple of ", quant_block_values(w.dtype));
 }
 
+}  // namespace
+
+namespace {
+// The integer kernels' instruction set beside a matvec one: the scalar reference on the portable
+// path, else the best this CPU has.
+QuantIsa quant_isa_for(MatvecIsa isa) { return isa == MatvecIsa::kPortable ? QuantIsa::kScalar : quant_isa_best(); }
 }  // namespace
 
 const char* to_string(MatvecIsa isa) {
@@ -417,8 +359,8 @@ MatvecIsa matvec_isa() {
 void matvec_rows(const WeightView& w, const float* x, int64_t n, float* y, int64_t row_begin,
                  int64_t row_end, MatvecIsa isa) {
   if (!matvec_isa_supported(isa)) fail("matvec_rows: this CPU cannot run the ", to_string(isa), " kernels");
-  if (is_block_quant(w.dtype)) {  // integer kernels on int8 activations (quant_matvec.h)
-    quant_matvec_rows(w, x, n, y, row_begin, row_end, isa == MatvecIsa::kPortable ? QuantIsa::kScalar : quant_isa_best());
+  if (quant_matvec_supports(w.dtype)) {  // integer kernels on int8 activations (quant_matvec.h)
+    quant_matvec_rows(w, x, n, y, row_begin, row_end, quant_isa_for(isa));
     return;
   }
   switch (isa) {
@@ -441,10 +383,56 @@ void matvec_rows(const WeightView& w, const float* x, int64_t n, float* y, int64
   matvec_rows(w, x, n, y, row_begin, row_end, matvec_isa());
 }
 
+// ---- OpenBLAS's kernels ----------------------------------------------------------------------
+// OpenBLAS as Debian ships it (libopenblas0-pthread, a DYNAMIC_ARCH build) picks its kernels when
+// it is loaded, from the CPU's model number; a model it does not know gets its SSE3 "Prescott"
+// kernels. 0.3.21 does not know the Intel Xeon of family 6 model 207 (0xCF; AVX-512 with BF16
+// and AMX): there the prefill sgemm ran the Prescott kernel, ~3x slower than SkylakeX's
+// (kvlab generate, 512-token prompt, 1 thread: 51-53 tok/s against 146-166 with
+// OPENBLAS_CORETYPE=SkylakeX). So before kvlab's first BLAS call, if OpenBLAS fell back to
+// Prescott on a CPU with AVX-512 F/BW/VL/DQ (or AVX2 + FMA) and the user did not choose a core,
+// kvlab re-runs OpenBLAS's own core selection with OPENBLAS_CORETYPE=SkylakeX (Haswell), the
+// documented override, through the two functions DYNAMIC_ARCH builds export for it. A BLAS
+// without them (weak symbols: null) keeps its kernels, and so does every CPU OpenBLAS knows
+// (Zen 3, Zen 4, Skylake-X ...): there nothing changes. (Setting the variable before OpenBLAS
+// loads does not work from inside the program: libc's start-up resets the environment after
+// .preinit_array runs and before the libraries' initialisers.)
+extern "C" void gotoblas_dynamic_init() __attribute__((weak));
+extern "C" void gotoblas_dynamic_quit() __attribute__((weak));
+
+namespace {
+// Called once, before the first BLAS call (no BLAS call is running then).
+bool fix_openblas_fallback_core() {
+  if (gotoblas_dynamic_init == nullptr || gotoblas_dynamic_quit == nullptr) return false;
+  if (std::getenv("OPENBLAS_CORETYPE") != nullptr) return false;
+  const char* core = openblas_get_corename();
+  if (core == nullptr || strcasecmp(core, "prescott") != 0) return false;
+  const char* want = matvec_isa_supported(MatvecIsa::kAvx512) ? "SkylakeX"
+                     : cpu_has_avx2_fma_f16c()                 ? "Haswell"
+                                                               : nullptr;
+  if (want == nullptr) return false;
+  setenv("OPENBLAS_CORETYPE", want, 0);
+  gotoblas_dynamic_quit();
+  gotoblas_dynamic_init();
+  unsetenv("OPENBLAS_CORETYPE");  // (the environment as the user left it)
+  return true;
+}
+void ensure_openblas_core() {
+  static const bool fixed = fix_openblas_fallback_core();
+  (void)fixed;
+}
+}  // namespace
+
+const char* blas_core_name() {
+  ensure_openblas_core();
+  return openblas_get_corename();
+}
+
 namespace {
 std::atomic<int> g_blas_threads{-1};
 // Sets OpenBLAS's thread count when it differs (call outside parallel regions).
 void set_blas_threads(int n) {
+  ensure_openblas_core();
   if (g_blas_threads.load() != n) {
     openblas_set_num_threads(n);
     g_blas_threads.store(n);
@@ -462,17 +450,23 @@ void sgemm_xwt(const float* x, int64_t n, const float* w, int64_t rows, int64_t 
 
 namespace {
 
-// y[:, r0:r1] of one job for all n tokens: matvec or sgemm on this thread.
+// y[:, r0:r1] of one job for all n tokens: matvec or sgemm on this thread (the integer matvec
+// on x already quantised into `scratch`).
 void linear_slice(const LinearJob& j, const float* x, int64_t n, int64_t r0, int64_t r1,
-                  std::vector<float>& panel) {
-  if (n < kGemmMinTokens) {
+                  const LinearScratch& scratch, std::vector<float>& panel) {
+  if (n < kGemmMinTokens && quant_matvec_supports(j.w.dtype)) {
+    const QuantActivations& a = quant_block_values(j.w.dtype) == 32 ? scratch.x_q32 : scratch.x_q256;
+    quant_matvec_rows(j.w, a, j.y, r0, r1, quant_isa_for(matvec_isa()));
+  } else if (n < kGemmMinTokens) {
     matvec_rows(j.w, x, n, j.y, r0, r1);
   } else if (j.w.dtype == DType::kF32) {
     sgemm_xwt(x, n, reinterpret_cast<const float*>(j.w.row(r0)), r1 - r0, j.w.cols, j.y + r0,
               j.w.rows, 1);
   } else {
-    // ~256 KiB panels: dequantized once, then used by all n tokens while in L2
-    const int64_t panel_rows = std::max<int64_t>(16, (int64_t{1} << 16) / std::max<int64_t>(1, j.w.cols));
+    // ~2 MiB panels, dequantized once and used by all n tokens: each sgemm call packs its
+    // operands again, so a panel wants many rows (perf of a bf16 prefill of 512 tokens, 1
+    // thread: OpenBLAS's sgemm_oncopy took 8.6% of the time with 256 KiB panels, 2.8% with these)
+    const int64_t panel_rows = std::max<int64_t>(16, (int64_t{1} << 19) / std::max<int64_t>(1, j.w.cols));
     panel.resize(static_cast<size_t>(panel_rows * j.w.cols));
     for (int64_t p0 = r0; p0 < r1; p0 += panel_rows) {
       const int64_t p1 = std::min(r1, p0 + panel_rows);
@@ -513,10 +507,20 @@ void linear(ThreadPool& pool, const float* x, int64_t n, std::initializer_list<L
       const LinearJob& j = job_list[k];
       const int64_t r0 = (lo - unit_begin[k]) * unit;
       const int64_t r1 = std::min(j.w.rows, (hi - unit_begin[k]) * unit);
-      linear_slice(j, x, n, r0, r1, scratch.panels[thread]);
+      linear_slice(j, x, n, r0, r1, scratch, scratch.panels[thread]);
     }
   };
   if (n >= kGemmMinTokens) set_blas_threads(1);  // before the region: BLAS runs inside it, 1 thread each
+  if (n < kGemmMinTokens) {  // x quantised once per block size for the integer matvec jobs
+    bool done32 = false, done256 = false;
+    for (const LinearJob& j : jobs) {
+      if (!quant_matvec_supports(j.w.dtype)) continue;
+      const int64_t bv = quant_block_values(j.w.dtype);
+      bool& done = bv == 32 ? done32 : done256;
+      if (!done) quantize_activations(x, n, j.w.cols, bv, bv == 32 ? scratch.x_q32 : scratch.x_q256);
+      done = true;
+    }
+  }
   if (work_bytes < kMinParallelBytes) body(0, unit_begin[n_jobs], 0);
   else pool.parallel_for(unit_begin[n_jobs], body);
 }

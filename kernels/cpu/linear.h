@@ -1,16 +1,18 @@
-// Dense layers y = W x for weights kept in their stored dtype (fp32, fp16, bf16, q8_0: kernels/cpu/dtype.h), fp32
-// activations and fp32 accumulation. The forward pass spends nearly all its time here.
+// Dense layers y = W x for weights kept in their stored dtype (fp32, fp16, bf16, q8_0 and the
+// GGUF block types: kernels/cpu/dtype.h, quant_blocks.h), fp32 activations in and out.
+// The forward pass spends nearly all its time here.
 //
 //   W: row-major [rows, cols] (rows = output features), element type by WeightType
 //   x: [n, cols] fp32 (n tokens),  y: [n, rows] fp32
 //   y[t, r] = sum_c W[r, c] * x[t, c]                       (W[d,n] @ x[n] -> y[d], per token)
 //
 // Two paths, validated against plain loops (linear_test.cpp):
-// - matvec (decode, small n): AVX-512 or AVX2+FMA+F16C (chosen at run time: matvec_isa(); else
-//   a portable loop), 4 rows at a time sharing each x load, weights
-//   converted to fp32 in registers (fp16: vcvtph2ps; bf16: shift into the high half; q8_0:
-//   int8 -> fp32 times the block scale). Memory-bound, so it streams each weight byte once per
-//   call and needs many independent accumulators to keep up with DRAM.
+// - matvec (decode, small n): fp32 / fp16 / bf16 on AVX-512 or AVX2+FMA+F16C (chosen at run
+//   time: matvec_isa(); else a portable loop), 4 rows at a time sharing each x load, weights
+//   converted to fp32 in registers (fp16: vcvtph2ps; bf16: shift into the high half), fp32
+//   accumulation. Memory-bound, so it streams each weight byte once per call and needs many
+//   independent accumulators to keep up with DRAM. q8_0 and the block types instead quantise x
+//   to int8 once per call and take integer dot products (quant_matvec.h, with its error bound).
 // - gemm (prefill, n >= kGemmMinTokens): OpenBLAS sgemm, one single-threaded call per pool
 //   thread on its own slice of the output features (so OpenBLAS never starts threads of its
 //   own next to the pool's).
@@ -27,8 +29,9 @@
 #include <initializer_list>
 #include <vector>
 
-#include "kernels/cpu/dtype.h"
 #include "kernels/cpu/cpu_path.h"
+#include "kernels/cpu/dtype.h"
+#include "kernels/cpu/quant_matvec.h"
 
 namespace kvlab {
 
@@ -74,15 +77,22 @@ struct LinearJob {
   const float* bias = nullptr;
 };
 
-// Per-thread buffers for dequantized weight panels (gemm path), reused across calls.
+// Per-thread buffers for dequantized weight panels (gemm path), and x quantised to int8 once per
+// call for the integer matvec (in blocks of 32 and of 256 values), reused across calls.
 struct LinearScratch {
   std::vector<std::vector<float>> panels;  // [thread][panel_rows * cols]
+  QuantActivations x_q32, x_q256;
 };
 
 // Runs every job on the same input x[n, cols] with the pool, in one parallel pass: the rows of
-// all jobs are split evenly across threads; matvec for n < kGemmMinTokens, else sgemm.
+// all jobs are split evenly across threads; matvec for n < kGemmMinTokens, else sgemm. For the
+// integer matvec x is quantised once, before the pass (the same values as matvec_rows's).
 void linear(ThreadPool& pool, const float* x, int64_t n, std::initializer_list<LinearJob> jobs,
             LinearScratch& scratch);
+
+// The kernel set OpenBLAS chose (openblas_get_corename(): "SkylakeX", "Haswell", "Prescott" ...);
+// linear.cpp sets OPENBLAS_CORETYPE before OpenBLAS loads on AVX-512 CPUs (see there).
+const char* blas_core_name();
 
 // Raw sgemm: y[n, rows] (row stride ldy) = x[n, cols] @ W^T, W fp32 row-major [rows, cols], on
 // `blas_threads` OpenBLAS threads (1 inside a pool job).

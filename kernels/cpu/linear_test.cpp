@@ -1,6 +1,8 @@
 // The fast matvec (on each instruction-set path this CPU has) and the sgemm path against plain
 // loops, for every weight type, over awkward shapes (rows not a multiple of 4, cols not a
-// multiple of 8 or 16), and fused multi-job calls.
+// multiple of 8 or 16), and fused multi-job calls. q8_0's matvec multiplies with int8
+// activations (quant_matvec.h; its ISA paths are checked bit for bit in quant_matvec_test.cpp):
+// here it gets that header's activation-rounding bound on top of the fp32 tolerance.
 #include "kernels/cpu/linear.h"
 
 #include <gtest/gtest.h>
@@ -9,8 +11,10 @@
 #include <array>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
+#include <string>
 
 #include "kernels/common/error.h"
 #include "kernels/cpu/thread_pool.h"
@@ -61,13 +65,39 @@ std::vector<float> random_vec(size_t n, std::mt19937& rng) {
   return v;
 }
 
-void expect_close(const std::vector<float>& got, const std::vector<float>& want, int64_t cols) {
+// Per output y[t, r] of a matvec on int8 activations (q8_0 and the block types; zeros for the
+// others): quant_matvec.h's bound for the rounding of x, |x_i - da a_i| <= da_b / 2, so
+// |dy| <= sum_b (da_b / 2) sum_{i in b} |w_ri|.
+std::vector<float> activation_bound(const WeightView& w, const float* x, int64_t n) {
+  std::vector<float> out(static_cast<size_t>(n * w.rows), 0.f);
+  if (!quant_matvec_supports(w.dtype)) return out;
+  const int64_t bv = quant_block_values(w.dtype), nb = w.cols / bv;
+  QuantActivations a;
+  quantize_activations(x, n, w.cols, bv, a);
+  std::vector<float> row(static_cast<size_t>(w.cols));
+  for (int64_t r = 0; r < w.rows; ++r) {
+    to_float(w.dtype, w.row(r), row.data(), w.cols);
+    for (int64_t t = 0; t < n; ++t) {
+      double b = 0;
+      for (int64_t k = 0; k < nb; ++k) {
+        double wabs = 0;
+        for (int64_t i = 0; i < bv; ++i) wabs += std::fabs(row[k * bv + i]);
+        b += a.d[t * nb + k] / 2.0 * wabs;
+      }
+      out[t * w.rows + r] = static_cast<float>(b);
+    }
+  }
+  return out;
+}
+
+void expect_close(const std::vector<float>& got, const std::vector<float>& want, int64_t cols,
+                  const std::vector<float>& extra = {}) {
   ASSERT_EQ(got.size(), want.size());
   // fp32 accumulation over `cols` unit-variance products: error ~ sqrt(cols) * 1e-7 * |terms|
   const float tol = 2e-5f * std::sqrt(static_cast<float>(cols)) * 4;
   for (size_t i = 0; i < got.size(); ++i) {
     ASSERT_FALSE(std::isnan(got[i])) << i;
-    ASSERT_NEAR(got[i], want[i], tol) << "index " << i;
+    ASSERT_NEAR(got[i], want[i], tol + (extra.empty() ? 0.f : extra[i])) << "index " << i;
   }
 }
 
@@ -88,6 +118,7 @@ TEST_P(LinearTypes, MatvecMatchesReferenceOnAwkwardShapes) {
       auto x = random_vec(n * cols, rng);
       std::vector<float> want(n * rows), got(n * rows, NAN);
       linear_reference(w.m, x.data(), n, want.data(), 0, rows);
+      const auto extra = activation_bound(w.m, x.data(), n);
       // Every path this CPU can run (cpu_path.h): the portable loop always, AVX2 where present.
       std::vector<CpuPath> paths = {CpuPath::kPortable};
       if (cpu_has_avx2_fma_f16c()) paths.push_back(CpuPath::kAvx2);
@@ -96,7 +127,7 @@ TEST_P(LinearTypes, MatvecMatchesReferenceOnAwkwardShapes) {
         matvec_rows(w.m, x.data(), n, got.data(), 0, rows, path);
         SCOPED_TRACE(testing::Message() << "rows " << rows << " cols " << cols << " n " << n << " path "
                                         << to_string(path));
-        expect_close(got, want, cols);
+        expect_close(got, want, cols, extra);
       }
       // ... and every instruction set of matvec_isa() this CPU has (AVX-512 where present)
       for (MatvecIsa isa : {MatvecIsa::kPortable, MatvecIsa::kAvx2, MatvecIsa::kAvx512}) {
@@ -105,7 +136,7 @@ TEST_P(LinearTypes, MatvecMatchesReferenceOnAwkwardShapes) {
         matvec_rows(w.m, x.data(), n, got.data(), 0, rows, isa);
         SCOPED_TRACE(testing::Message() << "rows " << rows << " cols " << cols << " n " << n << " isa "
                                         << to_string(isa));
-        expect_close(got, want, cols);
+        expect_close(got, want, cols, extra);
       }
     }
   }
@@ -132,16 +163,27 @@ TEST_P(LinearTypes, FusedJobsMatchReferenceForMatvecAndGemm) {
       for (int64_t t = 0; t < n; ++t)
         for (int r = 0; r < 9; ++r) wb[t * 9 + r] += bias[r];
       SCOPED_TRACE(testing::Message() << "threads " << threads << " n " << n);
+      // the integer matvec's bound for n < kGemmMinTokens; sgemm on dequantised panels beyond
+      const bool matvec = n < kGemmMinTokens;
+      const std::vector<float> none;
+      const auto ea = matvec ? activation_bound(a.m, x.data(), n) : none;
+      const auto eb = matvec ? activation_bound(b.m, x.data(), n) : none;
+      const auto ec = matvec ? activation_bound(c.m, x.data(), n) : none;
       linear(pool, x.data(), n, {{a.m, ya.data(), nullptr}, {b.m, yb.data(), bias.data()}}, scratch);
-      expect_close(ya, wa, cols);
-      expect_close(yb, wb, cols);
+      expect_close(ya, wa, cols, ea);
+      expect_close(yb, wb, cols, eb);
       std::fill(ya.begin(), ya.end(), NAN);
       std::fill(yb.begin(), yb.end(), NAN);
       linear(pool, x.data(), n, {{a.m, ya.data(), nullptr}, {c.m, yc.data(), nullptr}, {b.m, yb.data(), bias.data()}},
              scratch);
-      expect_close(ya, wa, cols);
-      expect_close(yc, wc, cols);
-      expect_close(yb, wb, cols);
+      expect_close(ya, wa, cols, ea);
+      expect_close(yc, wc, cols, ec);
+      expect_close(yb, wb, cols, eb);
+      if (matvec && quant_matvec_supports(type)) {  // the pre-quantised x gives matvec_rows's bits
+        std::vector<float> direct(yc.size());
+        matvec_rows(c.m, x.data(), n, direct.data(), 0, 1203);
+        EXPECT_EQ(yc, direct);
+      }
     }
   }
 }
@@ -162,6 +204,15 @@ TEST(Linear, EachIsaIsReportedAndTheDetectedOneIsSupported) {
     std::printf("matvec isa %s: %s\n", to_string(isa), matvec_isa_supported(isa) ? "tested" : "not on this CPU");
   EXPECT_TRUE(matvec_isa_supported(matvec_isa()));
   EXPECT_TRUE(matvec_isa_supported(MatvecIsa::kPortable));
+}
+
+// linear.cpp replaces OpenBLAS's fallback for CPUs it does not know (the SSE3 Prescott kernels)
+// with the kernels of the instruction set the CPU has, unless the user chose a core.
+TEST(Linear, OpenblasDoesNotRunItsSse3FallbackOnAnAvx2OrAvx512Cpu) {
+  std::printf("OpenBLAS core: %s\n", blas_core_name());
+  if (std::getenv("OPENBLAS_CORETYPE") != nullptr) GTEST_SKIP() << "OPENBLAS_CORETYPE is set by the environment";
+  if (!cpu_has_avx2_fma_f16c()) GTEST_SKIP() << "no AVX2: OpenBLAS keeps its own choice";
+  EXPECT_STRCASENE(blas_core_name(), "Prescott");
 }
 
 TEST(Linear, Q8RejectsColsNotMultipleOf32) {

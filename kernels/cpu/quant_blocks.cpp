@@ -23,7 +23,7 @@ bool is_block_quant(DType t) {
 
 int64_t quant_block_values(DType t) {
   switch (t) {
-    case DType::kQ4_0: case DType::kQ4_1: case DType::kQ5_0: case DType::kQ5_1: return 32;
+    case DType::kQ4_0: case DType::kQ4_1: case DType::kQ5_0: case DType::kQ5_1: case DType::kQ8_0: return 32;
     case DType::kQ2_K: case DType::kQ3_K: case DType::kQ4_K: case DType::kQ5_K: case DType::kQ6_K: return 256;
     default: fail("quant_block_values: ", dtype_name(t), " is not a block-quantised type");
   }
@@ -35,6 +35,7 @@ size_t quant_block_bytes(DType t) {
     case DType::kQ4_1: return sizeof(BlockQ4_1);
     case DType::kQ5_0: return sizeof(BlockQ5_0);
     case DType::kQ5_1: return sizeof(BlockQ5_1);
+    case DType::kQ8_0: return sizeof(BlockQ8_0);
     case DType::kQ2_K: return sizeof(BlockQ2_K);
     case DType::kQ3_K: return sizeof(BlockQ3_K);
     case DType::kQ4_K: return sizeof(BlockQ4_K);
@@ -50,6 +51,7 @@ void unpack_scales(DType t, const uint8_t* p, UnpackedBlock& out) {
     case DType::kQ4_1: unpack_scales_of<DType::kQ4_1>(p, out); return;
     case DType::kQ5_0: unpack_scales_of<DType::kQ5_0>(p, out); return;
     case DType::kQ5_1: unpack_scales_of<DType::kQ5_1>(p, out); return;
+    case DType::kQ8_0: unpack_scales_of<DType::kQ8_0>(p, out); return;
     case DType::kQ2_K: unpack_scales_of<DType::kQ2_K>(p, out); return;
     case DType::kQ3_K: unpack_scales_of<DType::kQ3_K>(p, out); return;
     case DType::kQ4_K: unpack_scales_of<DType::kQ4_K>(p, out); return;
@@ -84,6 +86,9 @@ void unpack_block(DType t, const uint8_t* p, UnpackedBlock& out) {
       }
       return;
     }
+    case DType::kQ8_0:
+      std::memcpy(q, p + 2, 32);
+      return;
     case DType::kQ2_K: case DType::kQ3_K: {
       const uint8_t* qs = t == DType::kQ2_K ? reinterpret_cast<const BlockQ2_K*>(p)->qs
                                             : reinterpret_cast<const BlockQ3_K*>(p)->qs;

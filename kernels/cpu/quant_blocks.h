@@ -53,9 +53,12 @@ static_assert(sizeof(BlockQ4_0) == 18 && sizeof(BlockQ4_1) == 20 && sizeof(Block
 static_assert(sizeof(BlockQ2_K) == 84 && sizeof(BlockQ3_K) == 110 && sizeof(BlockQ4_K) == 144 &&
               sizeof(BlockQ5_K) == 176 && sizeof(BlockQ6_K) == 210, "ggml's 256-value block sizes");
 
-// True for the types above (not Q8_0, which linear.cpp runs with its own fp32 kernel).
+// True for the types above. Q8_0 (dtype.h: 32 values, 34 B: d, int8 qs[32], v = d * q) is not
+// among them for conversion and the tools (dtype.h quantises and dequantises it), but it has the
+// same integer form (sc = 1, m = 0, dmin = 0, q = qs) and the integer matvec runs it:
+// quant_block_values / quant_block_bytes / unpack_scales / unpack_block accept it too.
 bool is_block_quant(DType t);
-int64_t quant_block_values(DType t);  // 32 or 256 (block quant types only)
+int64_t quant_block_values(DType t);  // 32 or 256 (block quant types and Q8_0)
 size_t quant_block_bytes(DType t);
 
 // One block in integer form (see the header comment). Groups of 16 values; a 32-value block
@@ -119,7 +122,7 @@ inline int scale_q3k(const uint8_t* s, int j) {
 template <DType T>
 inline void unpack_scales_of(const uint8_t* p, UnpackedBlock& out) {
   using quant_detail::half_at;
-  if constexpr (T == DType::kQ4_0 || T == DType::kQ5_0) {
+  if constexpr (T == DType::kQ4_0 || T == DType::kQ5_0 || T == DType::kQ8_0) {
     out.d = half_at(p);
     out.dmin = 0;
     out.sc[0] = out.sc[1] = 1;

@@ -18,16 +18,26 @@ const char* quant_isa_name(QuantIsa isa) {
   return "?";
 }
 
-bool quant_isa_supported(QuantIsa isa) {
+namespace {
+bool detect_quant_isa(QuantIsa isa) {
   __builtin_cpu_init();
   switch (isa) {
     case QuantIsa::kScalar: return true;
     case QuantIsa::kAvx2: return cpu_has_avx2_fma_f16c();  // (cpu_path.h: F16C read from CPUID)
     case QuantIsa::kAvx512Vnni:
-      return quant_isa_supported(QuantIsa::kAvx2) && __builtin_cpu_supports("avx512vnni") &&
+      return detect_quant_isa(QuantIsa::kAvx2) && __builtin_cpu_supports("avx512vnni") &&
              __builtin_cpu_supports("avx512vl");
   }
   return false;
+}
+}  // namespace
+
+// Detected once (each matvec call checks its ISA: cpuid queries there cost 1.5% of q8_0 decode).
+bool quant_isa_supported(QuantIsa isa) {
+  static const bool supported[3] = {detect_quant_isa(QuantIsa::kScalar), detect_quant_isa(QuantIsa::kAvx2),
+                                    detect_quant_isa(QuantIsa::kAvx512Vnni)};
+  const auto i = static_cast<size_t>(isa);
+  return i < 3 && supported[i];
 }
 
 QuantIsa quant_isa_best() {
@@ -36,6 +46,8 @@ QuantIsa quant_isa_best() {
                                                                           : QuantIsa::kScalar;
   return best;
 }
+
+bool quant_matvec_supports(DType t) { return is_block_quant(t) || t == DType::kQ8_0; }
 
 void quantize_activations(const float* x, int64_t n, int64_t cols, int64_t block, QuantActivations& out) {
   if (block <= 0 || block % 16 != 0 || cols % block != 0)
@@ -78,7 +90,7 @@ void quantize_activations(const float* x, int64_t n, int64_t cols, int64_t block
 namespace {
 
 void check(const WeightView& w, const QuantActivations& a) {
-  if (!is_block_quant(w.dtype)) fail("quant_matvec_rows: ", dtype_name(w.dtype), " is not a block-quantised type");
+  if (!quant_matvec_supports(w.dtype)) fail("quant_matvec_rows: ", dtype_name(w.dtype), " is not a block-quantised type");
   if (a.block != quant_block_values(w.dtype) || a.cols != w.cols)
     fail("quant_matvec_rows: activations quantised in blocks of ", a.block, " over ", a.cols, " columns for a ",
          dtype_name(w.dtype), " matrix of ", w.cols, " columns");
@@ -127,7 +139,7 @@ void quant_matvec_rows(const WeightView& w, const QuantActivations& a, float* y,
 
 void quant_matvec_rows(const WeightView& w, const float* x, int64_t n, float* y, int64_t row_begin,
                        int64_t row_end, QuantIsa isa) {
-  if (!is_block_quant(w.dtype)) fail("quant_matvec_rows: ", dtype_name(w.dtype), " is not a block-quantised type");
+  if (!quant_matvec_supports(w.dtype)) fail("quant_matvec_rows: ", dtype_name(w.dtype), " is not a block-quantised type");
   thread_local QuantActivations a;
   quantize_activations(x, n, w.cols, quant_block_values(w.dtype), a);
   quant_matvec_rows(w, a, y, row_begin, row_end, isa);

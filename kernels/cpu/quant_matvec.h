@@ -1,6 +1,6 @@
-// Matvec for block-quantised weights (quant_blocks.h) against int8-quantised activations, with
-// integer dot products (the scheme of llama.cpp's q4_0 x q8_0 / q4_K x q8_K paths; the code is
-// kvlab's own).
+// Matvec for block-quantised weights (quant_blocks.h, and Q8_0) against int8-quantised
+// activations, with integer dot products (the scheme of llama.cpp's q8_0 x q8_0, q4_0 x q8_0 and
+// q4_K x q8_K paths; the code is kvlab's own).
 //
 //   Activations x[n, cols] are quantised per block of the weight type's block size B (32 or 256):
 //     da = max|x_b| / 127 (fp32),  a_i = round(x_i / da) in [-127, 127],  s16[g] = sum of a over
@@ -35,6 +35,9 @@ const char* quant_isa_name(QuantIsa isa);
 bool quant_isa_supported(QuantIsa isa);  // this CPU (and OS) can run it
 QuantIsa quant_isa_best();               // the fastest supported one (detected once)
 
+// The weight types these kernels run: is_block_quant(t) or Q8_0.
+bool quant_matvec_supports(DType t);
+
 // x[n, cols] quantised in blocks of `block` values (cols a multiple of block).
 struct QuantActivations {
   int64_t block = 0, cols = 0, n = 0;
@@ -47,7 +50,7 @@ struct QuantActivations {
 // use it are NaN, as the fp32 kernels' would be.
 void quantize_activations(const float* x, int64_t n, int64_t cols, int64_t block, QuantActivations& out);
 
-// y[t, r] (row stride w.rows) for r in [row_begin, row_end), t < a.n; w.dtype a block type,
+// y[t, r] (row stride w.rows) for r in [row_begin, row_end), t < a.n; quant_matvec_supports(w.dtype),
 // a.block == quant_block_values(w.dtype). Throws on an unsupported ISA.
 void quant_matvec_rows(const WeightView& w, const QuantActivations& a, float* y, int64_t row_begin,
                        int64_t row_end, QuantIsa isa);

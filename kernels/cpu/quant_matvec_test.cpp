@@ -22,13 +22,13 @@
 namespace kvlab {
 namespace {
 
-const DType kTypes[] = {DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1, DType::kQ2_K,
-                        DType::kQ3_K, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K};
+const DType kTypes[] = {DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1, DType::kQ8_0,
+                        DType::kQ2_K, DType::kQ3_K, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K};
 
 // Byte offsets of the fp16 scales of a block.
 std::vector<size_t> scale_offsets(DType t) {
   switch (t) {
-    case DType::kQ4_0: case DType::kQ5_0: return {0};
+    case DType::kQ4_0: case DType::kQ5_0: case DType::kQ8_0: return {0};
     case DType::kQ4_1: case DType::kQ5_1: case DType::kQ4_K: case DType::kQ5_K: return {0, 2};
     case DType::kQ2_K: return {80, 82};
     case DType::kQ3_K: return {108};
@@ -48,8 +48,10 @@ std::vector<uint8_t> make_matrix(DType t, int64_t rows, int64_t cols, Pattern pa
   std::uniform_real_distribution<float> scale(-0.05f, 0.05f);
   for (int64_t b = 0; b < nb; ++b) {
     uint8_t* p = m.data() + b * bb;
+    // all-ones: every code at its maximum (q8_0: -128, the code whose |q| does not fit int8)
+    const uint8_t ones = t == DType::kQ8_0 ? 0x80 : 0xFF;
     for (size_t i = 0; i < bb; ++i)
-      p[i] = pat == Pattern::kAllOnes ? 0xFF : pat == Pattern::kAllZeros ? 0 : static_cast<uint8_t>(byte(rng));
+      p[i] = pat == Pattern::kAllOnes ? ones : pat == Pattern::kAllZeros ? 0 : static_cast<uint8_t>(byte(rng));
     for (size_t off : scale_offsets(t)) {
       const uint16_t h = pat == Pattern::kZeroScale ? 0 : fp32_to_fp16(scale(rng));
       std::memcpy(p + off, &h, 2);

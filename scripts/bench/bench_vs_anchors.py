@@ -49,7 +49,9 @@ def sh(cmd, env=None, timeout=1800, stdin=None):
     e = dict(os.environ)
     if env:
         e.update(env)
-    p = subprocess.run(cmd, capture_output=True, text=True, env=e, timeout=timeout, input=stdin)
+    # errors="replace": a random-weight model generates byte tokens that are not UTF-8
+    p = subprocess.run(cmd, capture_output=True, text=True, errors="replace", env=e, timeout=timeout,
+                       input=stdin)
     return p.returncode, p.stdout, p.stderr
 
 
