@@ -170,9 +170,11 @@ def main() -> int:
         wanted = set(filter(None, a.runs.split(",")))
         if "runs" not in f:
             sys.exit(f"kvpress_runner.py: {a.results}: no /runs group (not a kvlab results file?)")
-        for run, g in f["runs"].items():
-            if wanted and run not in wanted:
+        order = [r for r in a.runs.split(",") if r] or list(f["runs"].keys())
+        for run in order:
+            if run not in f["runs"]:
                 continue
+            g = f["runs"][run]
             policy = text(g.attrs.get("policy_type", g.attrs.get("type", "")))
             params = {k[len("effective."):]: text(v) for k, v in g.attrs.items() if k.startswith("effective.")}
             for cell, c in g.get("cells", {}).items():
@@ -238,19 +240,25 @@ def main() -> int:
             if s != kv_score[i]:
                 sys.exit(f"kvpress_runner.py: {run}/{cell} sample {i}: this script scores kvlab's prediction "
                          f"{p!r} {s}, kvlab stored {kv_score[i]}: the two scorers differ")
-        preds, scores, secs, ntok, kvt = [], [], [], [], []
+        preds, scores, secs, ntok, kvt, status = [], [], [], [], [], []
         label = ""
         for i in range(len(plen)):
             press, label, eager = make_press(kvpress, policy, params, int(seeds[i]))
             model.set_attn_implementation("eager" if eager else "sdpa")
             prompt = [int(x) for x in prompts[i, :plen[i]]]
             t = time.perf_counter()
-            answer, kv_tokens = run_sample(torch, model, press, prompt, int(qtok[i]), protocol == "query_aware",
-                                           max_new, eos)
+            try:
+                answer, kv_tokens = run_sample(torch, model, press, prompt, int(qtok[i]), protocol == "query_aware",
+                                               max_new, eos)
+                status.append("ok")
+            except RuntimeError as e:  # kvpress or transformers failing on this press: recorded, not hidden
+                answer, kv_tokens = [], float("nan")
+                status.append(f"{type(e).__name__}: {e}")
+                print(f"{run}/{cell} sample {i}: {status[-1]}")
             secs.append(time.perf_counter() - t)
             pred = tok.decode(answer, skip_special_tokens=True)
             preds.append(pred)
-            scores.append(score_prediction(task, pred, refs[i]))
+            scores.append(score_prediction(task, pred, refs[i]) if status[-1] == "ok" else float("nan"))
             ntok.append(len(answer))
             kvt.append(kv_tokens)
         ratio = float(params.get("compression_ratio", 0)) if policy != "full" else 0.0
@@ -265,6 +273,7 @@ def main() -> int:
             out.create_dataset("sample_s", data=np.array(secs, dtype=np.float64))
             out.create_dataset("answer_tokens", data=np.array(ntok, dtype=np.int64))
             out.create_dataset("kv_tokens", data=np.array(kvt, dtype=np.float64))
+            out.create_dataset("status", data=np.array(status, dtype=object), dtype=h5py.string_dtype("utf-8"))
             out.attrs["press"] = label
             out.attrs["compression_ratio"] = ratio
             out.attrs["query_aware"] = np.int64(protocol == "query_aware")
