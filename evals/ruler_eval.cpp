@@ -2,6 +2,7 @@
 #include "evals/ruler_eval.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <limits>
 
@@ -57,7 +58,8 @@ class RulerFactory final : public EvaluationFactory {
     const std::string& path = sec.path;
     RulerSpec s;
     r.expect_map(node, path,
-                 {"tasks", "context_lengths", "samples", "protocol", "haystack", "templates", "max_answer_tokens"},
+                 {"tasks", "context_lengths", "samples", "protocol", "haystack", "templates", "max_answer_tokens",
+                  "store_prompts"},
                  {"tasks", "context_lengths"});
     s.ref = r.ref(node, path);
     std::vector<std::string> names;
@@ -99,6 +101,7 @@ class RulerFactory final : public EvaluationFactory {
                                     : *builtin_ruler_templates("kvlab-tiny");
     if (node["max_answer_tokens"])
       s.max_answer_tokens = int(r.get_int(node["max_answer_tokens"], path + ".max_answer_tokens", 1, 4096));
+    if (node["store_prompts"]) s.store_prompts = r.get_bool(node["store_prompts"], path + ".store_prompts");
     return std::make_shared<RulerEvaluation>(std::move(s));
   }
 };
@@ -189,6 +192,8 @@ CellRecord RulerEvaluation::run_cell(size_t cell, EvalContext& ctx) const {
   lm.reset_counters();
   ColumnBuilder cols;
   std::vector<std::vector<int64_t>> positions;
+  std::vector<std::vector<int32_t>> prompts;  // store_prompts only
+  std::vector<double> sample_s;               // wall seconds per sample (a timing attribute)
   std::vector<SequenceStats> all_stats;
   double score_sum = 0;
   int n = 0;
@@ -199,6 +204,7 @@ CellRecord RulerEvaluation::run_cell(size_t cell, EvalContext& ctx) const {
       lm.ended.clear();
       std::string status = "ok", prediction;
       std::vector<int32_t> answer;
+      const auto t0 = std::chrono::steady_clock::now();
       try {
         std::unique_ptr<LmSequence> seq = lm.start(ss);
         const std::vector<float>* logits = &feed_prompt(*seq, s.tokens, s.question_tokens, c.protocol);
@@ -212,12 +218,14 @@ CellRecord RulerEvaluation::run_cell(size_t cell, EvalContext& ctx) const {
       } catch (const LmStepError& e) {
         status = e.what();
       }
+      sample_s.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
       prediction = ctx.tokenizer.decode(answer);
       const double score = ruler_score(c.task->scoring, prediction, s.references);
       const SequenceStats stats = lm.ended.empty() ? SequenceStats{} : lm.ended.front();
       all_stats.push_back(stats);
       score_sum += score, ++n;
       positions.push_back(s.needle_pos);
+      if (spec_.store_prompts) prompts.push_back(s.tokens);
       cols.add("seed", int64_t(seed));
       cols.add("sample_seed", int64_t(ss));
       cols.add("prompt_length", int64_t(s.tokens.size()));
@@ -242,6 +250,16 @@ CellRecord RulerEvaluation::run_cell(size_t cell, EvalContext& ctx) const {
   for (const auto& p : positions)
     for (size_t j = 0; j < width; ++j) flat.push_back(j < p.size() ? p[j] : -1);
   rec.datasets["needle_pos"] = shaped(flat, {uint64_t(positions.size()), uint64_t(width)});
+  if (spec_.store_prompts) {
+    // prompt_tokens [samples, longest prompt]: the ids fed, -1 past a sample's prompt_length.
+    size_t longest = 1;
+    for (const auto& p : prompts) longest = std::max(longest, p.size());
+    std::vector<int64_t> ids;
+    ids.reserve(prompts.size() * longest);
+    for (const auto& p : prompts)
+      for (size_t j = 0; j < longest; ++j) ids.push_back(j < p.size() ? int64_t(p[j]) : -1);
+    rec.datasets["prompt_tokens"] = shaped(ids, {uint64_t(prompts.size()), uint64_t(longest)});
+  }
   rec.attrs["kind"] = std::string("ruler");
   rec.attrs["task"] = std::string(c.task->name);
   rec.attrs["context_length"] = int64_t(c.length);
@@ -254,6 +272,7 @@ CellRecord RulerEvaluation::run_cell(size_t cell, EvalContext& ctx) const {
   add_sequence_attrs(rec.attrs, all_stats, ctx.config, ctx.lm.engine().kv().config());
   add_resident_datasets(rec, all_stats, ctx.config);
   add_timing_attrs(rec.attrs, lm);
+  rec.attrs["sample_s"] = sample_s;
   return rec;
 }
 

@@ -5,7 +5,9 @@
 //           protocol: query_agnostic | query_aware | [both], haystack: noise | PATH,
 //           templates: instruct | kvlab-tiny | {base: instruct | kvlab-tiny,
 //                                            FAMILY: {intro, needle, question, answer_prefix}},
-//           max_answer_tokens: int (default: each task's RULER length)}
+//           max_answer_tokens: int (default: each task's RULER length),
+//           store_prompts: bool (default false: also store each sample's prompt token ids,
+//                                for evals/peer/kvpress_runner.py; no effect on the results)}
 // FAMILY is niah, vt, cwe, fwe, passkey or kv_retrieval. haystack PATH is the essay role (any
 // prose file); noise puts the passkey filler there too.
 //
@@ -39,6 +41,7 @@ struct RulerSpec {
   std::filesystem::path haystack;  // empty = noise
   RulerTemplates templates;
   int max_answer_tokens = 0;  // 0 = each task's own
+  bool store_prompts = false;  // write prompt_tokens [S, longest prompt] (not part of the identity)
   SourceRef ref;
   int answer_tokens(const RulerTaskInfo& t) const { return max_answer_tokens > 0 ? max_answer_tokens : t.answer_tokens; }
 };

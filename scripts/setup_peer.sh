@@ -21,15 +21,16 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${KVLAB_VENV:-$ROOT/.venv}"
 PY="$VENV/bin/python"
-# Pinned: kvpress 0.5.5 wants transformers>=4.56,<5.3 and torch>=2.3.1,<3.
-PKGS=(kvpress==0.5.5 transformers==5.2.0 torch==2.15.0 "gguf==0.19.0")
+# Pinned: kvpress 0.5.5 wants transformers>=4.56,<5.3 and torch>=2.3.1,<3; h5py for
+# evals/peer/kvpress_runner.py (it writes its answers into kvlab's results file).
+PKGS=(kvpress==0.5.5 transformers==5.2.0 torch==2.15.0 "gguf==0.19.0" h5py==3.16.0)
 
 if [ ! -x "$PY" ]; then
   /usr/bin/python3 -c 'import venv, ensurepip' 2>/dev/null || apt-get install -y -q python3-venv >/dev/null
   echo "setup_peer: creating $VENV"
   /usr/bin/python3 -m venv "$VENV"
 fi
-if "$PY" -c 'import kvpress, transformers, torch, gguf' 2>/dev/null; then
+if "$PY" -c 'import kvpress, transformers, torch, gguf, h5py' 2>/dev/null; then
   echo "setup_peer: kvpress $("$PY" -c 'import importlib.metadata as m; print(m.version("kvpress"))'), transformers, torch already in $VENV"
   exit 0
 fi

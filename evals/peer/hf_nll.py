@@ -7,9 +7,11 @@
 Runs `kvlab perplexity ... --nll-out` (the llama.cpp protocol: non-overlapping windows of
 --ctx tokens, second half scored; BOS only when the tokenizer adds it) and then transformers'
 LlamaForCausalLM, loaded from the same GGUF file (transformers dequantises it with the gguf
-package; the file is F32, so both read the same values), on exactly kvlab's token ids of each
-window, in float64 by default. Also checks that transformers' tokenizer (built from the GGUF's
-tokenizer.ggml.* metadata) gives kvlab's token ids for the text that is scored.
+package: the F32 twin's values, bit for bit, also for the Q4_1 file as shipped; kvlab's prefill
+multiplies f32-dequantised panels of a quantised file, so both read the same values), on exactly
+kvlab's token ids of each window, in float64 by default. Also checks that transformers'
+tokenizer (built from the GGUF's tokenizer.ggml.* metadata) gives kvlab's token ids for the
+text that is scored.
 
 Pass/fail: every |NLL_kvlab - NLL_hf| <= TOL_NLL (see `bound()`), and the two PPLs within
 1e-4 relative. Prints the max and mean |diff| and both PPLs; exit status 1 on a failure.

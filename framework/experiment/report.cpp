@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <limits>
+#include <numeric>
 #include <set>
 #include <sstream>
 
@@ -231,6 +232,44 @@ std::string defaulted(const std::string& params, const std::string& effective) {
   return out;
 }
 
+// Mean of a numeric cell dataset, NaN when absent.
+double dataset_mean(const CellRecord& rec, const std::string& name) {
+  auto it = rec.datasets.find(name);
+  if (it == rec.datasets.end()) return kNaN;
+  const auto* v = std::get_if<std::vector<double>>(&it->second.data);
+  if (!v || v->empty()) return kNaN;
+  double sum = 0;
+  for (double x : *v) sum += x;
+  return sum / double(v->size());
+}
+
+// The peer side by side (/peer, evals/peer/kvpress_runner.py): per cell the kvpress press, its
+// score and seconds per sample beside kvlab's on the same prompts; nothing without /peer.
+void print_peer_table(const ResultsFile& file, std::ostream& out) {
+  const auto peer = file.peer_cells();
+  if (peer.empty()) return;
+  out << "\nkvlab and the peer (kvpress) on the same prompts: score (mean over samples), wall seconds per sample\n";
+  std::vector<std::vector<std::string>> t{
+      {"run", "cell", "press", "ratio", "kvlab", "kvpress", "kvlab_s", "kvpress_s", "kvlab/kvpress_s", "samples"}};
+  for (const auto& [run, cells] : peer)
+    for (const auto& [cell, rec] : cells) {
+      if (!file.cell_complete(run, cell)) continue;
+      const AttrMap mine = file.cell_attrs(run, cell);
+      double kv_s = kNaN;
+      if (auto it = mine.find("sample_s"); it != mine.end())
+        if (const auto* v = std::get_if<std::vector<double>>(&it->second); v && !v->empty())
+          kv_s = std::accumulate(v->begin(), v->end(), 0.0) / double(v->size());
+      if (!std::isfinite(kv_s))  // files without sample_s: the cell's engine time over its samples
+        kv_s = (attr_number(mine, "prefill_s") + attr_number(mine, "decode_s")) / attr_number(mine, "samples");
+      const double peer_s = dataset_mean(rec, "sample_s");
+      const auto n = rec.datasets.count("score") ? rec.datasets.at("score").size() : size_t(0);
+      t.push_back({run, cell, text_attr(rec.attrs, "press"), fmt(attr_number(rec.attrs, "compression_ratio"), "%.2f"),
+                   fmt(attr_number(mine, "score"), "%.3f"), fmt(dataset_mean(rec, "score"), "%.3f"),
+                   fmt(kv_s, "%.2f"), fmt(peer_s, "%.2f"), fmt(kv_s / peer_s, "%.2f"), std::to_string(n)});
+    }
+  print_table(out, t, 3);
+}
+
 void print_text(const ResultsFile& file, const AttrMap& root, const std::vector<RunRow>& runs, std::ostream& out) {
   auto text = [&](const char* k) { auto it = root.find(k); return it == root.end() ? std::string("?") : attr_text(it->second); };
   int done = 0;
@@ -330,6 +369,7 @@ void print_text(const ResultsFile& file, const AttrMap& root, const std::vector<
     print_table(out, t, 2);
   }
   print_ruler_table(summary_rows(file), out);
+  print_peer_table(file, out);
 
   bool any_default = false;
   for (const RunRow& r : runs) any_default |= !defaulted(r.params, r.effective).empty();

@@ -245,7 +245,7 @@ std::vector<uint64_t> Dataset::dims() const {
 bool is_timing_attr(const std::string& name) {
   static const char* kTiming[] = {"start_time", "end_time", "host", "prefill_s", "decode_s",
                                   "tokens_per_s", "prefill_tokens_per_s", "decode_tokens_per_s",
-                                  "wall_s", "git_commit", "kvlab_version", "finished_at"};
+                                  "wall_s", "git_commit", "kvlab_version", "finished_at", "sample_s"};
   for (const char* t : kTiming)
     if (name == t) return true;
   return false;
@@ -438,6 +438,26 @@ std::map<std::string, std::map<std::string, AttrMap>> ResultsFile::all_cell_attr
       for (const auto& name : child_names(cells)) {
         H5::Group g = cells.openGroup(name);
         if (group_complete(g)) out[run][name] = read_attrs(g);
+      }
+    }
+    return out;
+  });
+}
+
+std::map<std::string, std::map<std::string, CellRecord>> ResultsFile::peer_cells() const {
+  return guarded(path_, "reading /peer", [&] {
+    H5::H5File f = open_file(path_, H5F_ACC_RDONLY);
+    std::map<std::string, std::map<std::string, CellRecord>> out;
+    if (!f.nameExists("peer")) return out;
+    H5::Group peer = f.openGroup("peer");
+    for (const auto& run : child_names(peer)) {
+      H5::Group r = peer.openGroup(run);
+      for (const auto& name : child_names(r)) {
+        H5::Group g = r.openGroup(name);
+        if (!group_complete(g)) continue;
+        CellRecord& rec = out[run][name];
+        rec.attrs = read_attrs(g);
+        for (const auto& d : child_names(g)) rec.datasets[d] = read_dataset(g.openDataSet(d));
       }
     }
     return out;

@@ -94,6 +94,9 @@ class ResultsFile {
   // The attributes of every complete cell of every run, in one open: run -> cell -> attributes.
   std::map<std::string, std::map<std::string, AttrMap>> all_cell_attrs() const;
 
+  // /peer/RUN/CELL: the peer's answers to a cell's prompts (evals/peer/kvpress_runner.py writes
+  // them; docs/results_schema.md), the complete groups only; empty without /peer.
+  std::map<std::string, std::map<std::string, CellRecord>> peer_cells() const;
   // Summary groups: /runs/RUN/GROUP/NAME datasets (replaced when present).
   void write_summary(const std::string& run, const std::string& group,
                      const std::map<std::string, Dataset>& datasets, const AttrMap& attrs);

@@ -143,7 +143,9 @@ def register(index_dir: Path, name: str, file: Path, source_quant: str, license_
     ctx_key = f"{arch}.context_length"
     ctx = str(f[ctx_key].contents()) if ctx_key in f else "?"
     stored = sorted({t.tensor_type.name for t in reader.tensors})
-    stored_dtype = "F32" if stored == ["F32"] else "+".join(stored)
+    # A quantised file's F32 tensors are its norms: name only the quantised types.
+    quantised = [t for t in stored if t not in ("F32", "F16", "BF16")]
+    stored_dtype = "+".join(quantised) if quantised else "+".join(stored)
     for field in (name, source_quant, license_, source):
         if "\t" in field or "\n" in field or not field:
             sys.exit(f"register: empty field or a tab/newline in '{field}'")
