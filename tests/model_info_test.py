@@ -34,8 +34,10 @@ def main():
         meta = json.load(open(os.path.join(fixtures, name, "fixture.json")))
         d, L, h, kv, hd, ff, v = (meta[k] for k in ("dim", "n_layers", "n_heads", "n_kv_heads", "head_dim",
                                                      "hidden", "vocab"))
+        gemma = meta["arch"] in ("gemma2", "gemma3")
         params = v * d * (1 if meta["tied"] else 2) + d + L * (
-            2 * d + 2 * d * h * hd + 2 * d * kv * hd + 3 * d * ff + ((h + 2 * kv) * hd if meta["qkv_bias"] else 0))
+            2 * d + 2 * d * h * hd + 2 * d * kv * hd + 3 * d * ff + ((h + 2 * kv) * hd if meta["qkv_bias"] else 0)
+            + (2 * hd if meta["qk_norm"] else 0) + (2 * d if gemma else 0))  # q/k norms; Gemma's post norms
         for key, rel in meta["files"].items():
             r = run(kvlab, os.path.join(fixtures, name, rel), "--json")
             if r.returncode != 0:
@@ -46,6 +48,12 @@ def main():
                    j["hidden_dim"], j["vocab_size"], j["max_seq_len"], j["parameters"])
             want = (meta["arch"], d, L, h, kv, hd, ff, v, meta["max_seq_len"], params)
             check(got == want, f"{name}/{rel}: config and parameter count {got}")
+            if gemma:  # the layer kinds and Gemma's scalars as the config says
+                n_local = sum(1 for i in range(L) if (i % 2 == 0 if meta["arch"] == "gemma2" else (i + 1) % 6))
+                check(j["sliding_window"] == meta["sliding_window"] and j["local_layers"] == n_local
+                      and j["attn_softcap"] == meta["attn_softcap"] and j["final_softcap"] == meta["final_softcap"],
+                      f"{name}/{rel}: window {j.get('sliding_window')}, local layers {j.get('local_layers')}, "
+                      f"soft-caps {j.get('attn_softcap')} / {j.get('final_softcap')}")
             check(j["kv_bytes_per_token"]["f16"] == 2 * L * kv * hd * 2 and
                   j["kv_bytes_per_token"]["f32"] == 2 * L * kv * hd * 4, f"{name}/{rel}: KV bytes per token")
             check(j["weights"]["wk"]["shape"] == [kv * hd, d] and j["weights"]["w_down"]["shape"] == [d, ff],

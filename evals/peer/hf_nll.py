@@ -82,7 +82,10 @@ def main() -> int:
         kv_seconds = time.time() - t0
         print("kvlab:", p.stdout.strip())
         rows = np.loadtxt(nll_file, dtype=np.float64, ndmin=2)
-        ids = subprocess.run([a.kvlab, "tokenize", "--tokenizer", gguf_path], stdin=open(a.text, "rb"),
+        # kvlab perplexity prepends BOS when the tokenizer adds one (and puts it first in every
+        # window): the positions of --nll-out count it
+        bos = ["--bos"] if "with BOS" in p.stdout else []
+        ids = subprocess.run([a.kvlab, "tokenize", "--tokenizer", gguf_path] + bos, stdin=open(a.text, "rb"),
                              capture_output=True, check=True).stdout.split()
     tokens = np.array([int(x) for x in ids], dtype=np.int64)
     positions, kv_tokens, kv_nll = rows[:, 0].astype(np.int64), rows[:, 1].astype(np.int64), rows[:, 2]
@@ -104,9 +107,9 @@ def main() -> int:
         with open(a.text, encoding="utf-8") as f:
             text = f.read()
         hf_ids = hf_tok(text, add_special_tokens=False)["input_ids"]
-        n_cmp = int(positions.max()) + 1
-        if list(hf_ids[:n_cmp]) != tokens[:n_cmp].tolist():
-            first = next(i for i, (x, y) in enumerate(zip(hf_ids, tokens.tolist())) if x != y)
+        n_cmp = int(positions.max()) + 1 - len(bos)
+        if list(hf_ids[:n_cmp]) != tokens[len(bos):len(bos) + n_cmp].tolist():
+            first = next(i for i, (x, y) in enumerate(zip(hf_ids, tokens[len(bos):].tolist())) if x != y)
             failures.append(f"tokenizer: transformers and kvlab differ first at token {first}")
         else:
             print(f"tokenizer: transformers' ids equal kvlab's for the first {n_cmp} tokens")
@@ -119,6 +122,8 @@ def main() -> int:
     with torch.no_grad():
         for w in range(n_windows):
             window = torch.tensor(tokens[w * a.ctx:(w + 1) * a.ctx]).unsqueeze(0)
+            if bos:
+                window[0, 0] = int(tokens[0])  # the BOS kvlab puts first in every window
             logits = model(window).logits[0].to(torch.float64)
             logp = torch.log_softmax(logits, dim=-1)
             sel = (positions >= w * a.ctx) & (positions < (w + 1) * a.ctx)

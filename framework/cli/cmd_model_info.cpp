@@ -128,6 +128,12 @@ int run_model_info(const std::vector<std::string>& args) {
     j["rms_eps"] = c.rms_eps;
     j["qkv_bias"] = c.qkv_bias;
     j["qk_norm"] = c.qk_norm;
+    const int n_local = static_cast<int>(std::count(c.local_layers.begin(), c.local_layers.end(), 1));
+    j["sliding_window"] = c.sliding_window;
+    j["local_layers"] = n_local;  // layers reading only the last sliding_window positions
+    j["attention_scale"] = attention_scale(c);
+    j["attn_softcap"] = c.attn_softcap;
+    j["final_softcap"] = c.final_softcap;
     j["tied_embeddings"] = c.tied_embeddings;
     j["stored_dtype"] = model->stored_dtype;
     j["parameters"] = params;
@@ -169,9 +175,23 @@ int run_model_info(const std::vector<std::string>& args) {
   out << "\n";
   out << "rms eps:        " << c.rms_eps << "\n";
   out << "qkv bias:       " << (c.qkv_bias ? "yes" : "no") << "\n";
-  if (c.qk_norm) out << "qk norm:        per head, before RoPE (Qwen3)\n";
-  out << "embeddings:     " << (c.tied_embeddings ? "tied (lm_head = tok_embeddings)" : "untied") << "\n";
-  if (c.sliding_window > 0) out << "sliding window: " << c.sliding_window << " (config; informative)\n";
+  if (c.qk_norm) out << "qk norm:        per head, before RoPE\n";
+  out << "embeddings:     " << (c.tied_embeddings ? "tied (lm_head = tok_embeddings)" : "untied")
+      << (c.embed_scale ? ", scaled by sqrt(dim)" : "") << "\n";
+  if (!c.local_layers.empty()) {
+    const int n_local = static_cast<int>(std::count(c.local_layers.begin(), c.local_layers.end(), 1));
+    out << "layer kinds:    " << n_local << " local (window " << c.sliding_window << " tokens";
+    if (c.rope_local_theta > 0) out << ", rope theta " << c.rope_local_theta << ", unscaled";
+    out << "), " << c.n_layers - n_local << " global\n";
+  } else if (c.sliding_window > 0) {
+    out << "sliding window: " << c.sliding_window << " (config; informative)\n";
+  }
+  if (c.sandwich_norms)
+    out << "block:          Gemma (post-attention and post-FFN norms, "
+        << (c.ffn_activation == FfnActivation::kGeluTanh ? "GeGLU tanh" : "SwiGLU") << ")\n";
+  if (c.query_scale > 0) out << "score scale:    " << attention_scale(c) << " (query_pre_attn_scalar^-1/2)\n";
+  if (c.attn_softcap > 0 || c.final_softcap > 0)
+    out << "soft-capping:   attention " << c.attn_softcap << ", final logits " << c.final_softcap << "\n";
   out << "weights dtype:  " << model->stored_dtype << "\n";
   out << "parameters:     " << params << " (" << human(static_cast<double>(params)) << ")\n";
   out << "weights:\n";
@@ -184,7 +204,7 @@ int run_model_info(const std::vector<std::string>& args) {
   }
   char line[160];
   std::snprintf(line, sizeof line, "  %-15s %-14s %-5s x %d\n", "norms", str_cat("[", c.dim, "]").c_str(),
-                "f32", 2 * c.n_layers + 1);
+                "f32", (c.sandwich_norms ? 4 : 2) * c.n_layers + 1);
   out << line;
   if (c.qkv_bias) {
     std::snprintf(line, sizeof line, "  %-15s %-14s %-5s x %d\n", "bq, bk, bv",

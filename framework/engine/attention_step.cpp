@@ -9,6 +9,48 @@
 
 namespace kvlab::engine_detail {
 
+namespace {
+
+// A local layer's window W (ModelConfig::local_layers): the query at position i reads key j only
+// if i - j < W. Applied to whatever the policy selected by clipping each (row, KV head) list to
+// the slots at or after the first one with position > i - W (positions are non-decreasing in the
+// slot for each head: policy.h's order contract), so every policy composes with the model's
+// window and the kernels need no mask. Leaves `sel` untouched when the window clips nothing.
+void clip_to_window(const LayerKv& kv, std::span<const int64_t> positions, int64_t window,
+                    KeySelection& sel, KeySelection& scratch, std::vector<int32_t>& first) {
+  const int nkv = kv.view.num_kv_heads, n_rows = static_cast<int>(positions.size());
+  first.resize(static_cast<size_t>(n_rows) * nkv);
+  bool clips = false;
+  for (int r = 0; r < n_rows; ++r) {
+    const int64_t lo = positions[r] - window + 1;  // the oldest position the row may read
+    for (int h = 0; h < nkv; ++h) {
+      int32_t a = 0, b = kv.n_slots;  // first slot with position >= lo
+      while (a < b) {
+        const int32_t m = a + (b - a) / 2;
+        if (kv.position(m, h) < lo) a = m + 1; else b = m;
+      }
+      first[static_cast<size_t>(r) * nkv + h] = a;
+      clips = clips || a > 0;
+    }
+  }
+  if (!clips) return;
+  scratch.begin(n_rows, nkv);
+  for (int r = 0; r < n_rows; ++r) {
+    for (int h = 0; h < nkv; ++h) {
+      const int32_t lo = first[static_cast<size_t>(r) * nkv + h];
+      if (sel.all) {
+        scratch.add(lo, kv.n_slots);
+      } else {
+        for (const SlotRange& rg : sel.list(r, h)) scratch.add(std::max(rg.begin, lo), rg.end);
+      }
+      scratch.close_list();
+    }
+  }
+  std::swap(sel, scratch);
+}
+
+}  // namespace
+
 bool AttentionStep::wants_output(const Sequence& s) const {
   for (const StepObserver* o : observers_)
     if (o->wants_output(s)) return true;
@@ -26,7 +68,7 @@ void AttentionStep::prepare(Group& g, int layer, float* q, const float* k, const
     for (int kh = 0; kh < nkv; ++kh) resident_before_[kh] = store_.resident_tokens(s.id, layer, kh);
     for (int r = 0; r < g.n_rows; ++r)
       for (int hq = 0; hq < nh; ++hq)
-        rope_.rotate(q + static_cast<size_t>(r) * qd + hq * hd, resident_before_[hq / group] + r);
+        rope_[layer].rotate(q + static_cast<size_t>(r) * qd + hq * hd, resident_before_[hq / group] + r);
   }
   for (int r = 0; r < g.n_rows; ++r)
     store_.append(s.id, layer, g.positions[r], k + static_cast<size_t>(r) * kvd, v + static_cast<size_t>(r) * kvd);
@@ -47,8 +89,11 @@ void AttentionStep::prepare(Group& g, int layer, float* q, const float* k, const
   s.cache_view = LayerKvCacheView(kv);
   step.cache = &s.cache_view;
   step.shape = policy_shape(c_);
+  step.sliding_window = layer_window(c_, layer);
   s.selection.select_all();
   if (s.policy) s.policy->select(step, s.selection);
+  if (step.sliding_window > 0)
+    clip_to_window(kv, g.positions, step.sliding_window, s.selection, clipped_, first_in_window_);
 
   if (s.needs.rope_at_cache_position) {
     s.key_rope_pos.resize(static_cast<size_t>(kv.n_slots) * nkv);
@@ -74,11 +119,12 @@ bool AttentionStep::finish(Group& g, int layer, const float* out) {
   if (s.window_rows > 0) {
     if (!s.window_by_kernel) {
       AttentionArgs a = attention_args(g.q, g.n_rows, c_.n_heads, c_.n_kv_heads, c_.head_dim,
-                                       g.positions.data(), kv, 1.f / std::sqrt(float(c_.head_dim)));
+                                       g.positions.data(), kv, attention_scale(c_));
+      a.softcap = c_.attn_softcap;
       a.selection = &s.selection;
       if (s.needs.rope_at_cache_position) {
         a.key_rope_pos = s.key_rope_pos.data();
-        a.rope = &rope_;
+        a.rope = &rope_[layer];
       }
       window_attention(a, g.n_rows - s.window_rows, s.window_attention.data());
     }

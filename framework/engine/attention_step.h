@@ -2,7 +2,8 @@
 // group of a forward call, whatever the backend:
 //   prepare  the query at its cache rank (rope_at_cache_position policies; keys and queries of
 //            other policies arrive rotated at their text positions from the backend), append
-//            k, v to the store, the policy's selection, the rope-at-read ranks, a zeroed key mass
+//            k, v to the store, the policy's selection (on a model's sliding-window layer
+//            clipped to the window), the rope-at-read ranks, a zeroed key mass
 //   attend   the backend (cpu_backend.cpp: kernels/cpu; device_backend.cpp: launches)
 //   finish   the observers (probes, budget accounting), policy.after_attention, store.evict
 // Observers see every step without the pipeline knowing what they compute
@@ -13,6 +14,7 @@
 
 #include "framework/engine/sequence.h"
 #include "framework/kv/kv_store.h"
+#include "framework/engine/layer_rope.h"
 #include "kernels/cpu/rope.h"
 
 namespace kvlab::engine_detail {
@@ -34,7 +36,7 @@ class StepObserver {
 
 class AttentionStep {
  public:
-  AttentionStep(const ModelConfig& config, KvStore& store, const RopeTable& rope)
+  AttentionStep(const ModelConfig& config, KvStore& store, const LayerRopes& rope)
       : c_(config), store_(store), rope_(rope) {}
   void add_observer(StepObserver* observer) { observers_.push_back(observer); }
   bool wants_output(const Sequence& s) const;
@@ -49,10 +51,12 @@ class AttentionStep {
  private:
   const ModelConfig& c_;
   KvStore& store_;
-  const RopeTable& rope_;
+  const LayerRopes& rope_;
   std::vector<StepObserver*> observers_;
   Evictions evictions_;
   std::vector<int64_t> resident_before_;  // [n_kv_heads]
+  KeySelection clipped_;                  // a local layer's selection clipped to the window
+  std::vector<int32_t> first_in_window_;  // [n_rows, n_kv_heads]
 };
 
 }  // namespace kvlab::engine_detail

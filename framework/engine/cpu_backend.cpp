@@ -15,7 +15,7 @@ constexpr size_t kAttentionParallelBytes = size_t{1} << 20;
 
 class CpuBackend final : public Backend {
  public:
-  CpuBackend(const Model& model, ThreadPool& pool, const KvStore& store, const RopeTable& rope)
+  CpuBackend(const Model& model, ThreadPool& pool, const KvStore& store, const LayerRopes& rope)
       : c_(model.config), pool_(pool), store_(store), rope_(rope), dense_(model, pool) {}
 
   void begin_call(std::span<const Group>, std::span<const int32_t> tokens) override {
@@ -34,8 +34,8 @@ class CpuBackend final : public Backend {
     const int hd = c_.head_dim, qd = c_.n_heads * hd, kvd = c_.n_kv_heads * hd;
     for (int r = 0; r < n_; ++r) {
       if (rope_pos[r] < 0) continue;
-      apply_rope(q_.data() + static_cast<size_t>(r) * qd, c_.n_heads, hd, rope_pos[r], rope_);
-      apply_rope(k_.data() + static_cast<size_t>(r) * kvd, c_.n_kv_heads, hd, rope_pos[r], rope_);
+      apply_rope(q_.data() + static_cast<size_t>(r) * qd, c_.n_heads, hd, rope_pos[r], rope_[layer]);
+      apply_rope(k_.data() + static_cast<size_t>(r) * kvd, c_.n_kv_heads, hd, rope_pos[r], rope_[layer]);
     }
     return {q_.data(), k_.data(), v_.data()};
   }
@@ -56,11 +56,12 @@ class CpuBackend final : public Backend {
     const int hd = c_.head_dim, nkv = c_.n_kv_heads;
     const LayerKv kv = store_.layer(s.id, layer);
     AttentionArgs a = attention_args(q, g.n_rows, c_.n_heads, nkv, hd, g.positions.data(), kv,
-                                     1.f / std::sqrt(static_cast<float>(hd)));
+                                     attention_scale(c_));
+    a.softcap = c_.attn_softcap;
     a.selection = s.selection.all ? nullptr : &s.selection;
     if (s.needs.rope_at_cache_position) {
       a.key_rope_pos = s.key_rope_pos.data();
-      a.rope = &rope_;
+      a.rope = &rope_[layer];
     }
     if (s.needs.key_attention_mass) a.key_mass = s.key_mass.data();
     if (s.window_rows > 0) {  // the observation window from the same pass (no key read twice)
@@ -80,7 +81,7 @@ class CpuBackend final : public Backend {
   const ModelConfig& c_;
   ThreadPool& pool_;
   const KvStore& store_;
-  const RopeTable& rope_;
+  const LayerRopes& rope_;
   DenseLayers dense_;
   int n_ = 0;
   std::vector<float> x_, q_, k_, v_, att_;
@@ -89,7 +90,7 @@ class CpuBackend final : public Backend {
 }  // namespace
 
 std::unique_ptr<Backend> make_cpu_backend(const Model& model, ThreadPool& pool, const KvStore& store,
-                                          const RopeTable& rope) {
+                                          const LayerRopes& rope) {
   return std::make_unique<CpuBackend>(model, pool, store, rope);
 }
 

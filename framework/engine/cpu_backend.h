@@ -5,6 +5,7 @@
 #include <memory>
 
 #include "framework/engine/backend.h"
+#include "framework/engine/layer_rope.h"
 #include "framework/kv/kv_store.h"
 #include "kernels/cpu/rope.h"
 #include "kernels/cpu/thread_pool.h"
@@ -12,6 +13,6 @@
 namespace kvlab::engine_detail {
 
 std::unique_ptr<Backend> make_cpu_backend(const Model& model, ThreadPool& pool, const KvStore& store,
-                                          const RopeTable& rope);
+                                          const LayerRopes& rope);
 
 }  // namespace kvlab::engine_detail

@@ -2,6 +2,7 @@
 #include "framework/engine/dense_layers.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "kernels/cpu/dtype.h"
 #include "kernels/cpu/ops.h"
@@ -16,9 +17,27 @@ void DenseLayers::ensure(int rows) {
   gate_.resize(ffn_rows * c_.hidden_dim), up_.resize(ffn_rows * c_.hidden_dim);
 }
 
+namespace {
+
+// GeGLU with GELU's tanh form (PyTorch gelu(approximate="tanh"), HF gelu_pytorch_tanh):
+// gate <- 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))) * up.
+void geglu_tanh(float* gate, const float* up, int64_t n) {
+  constexpr float kSqrt2OverPi = 0.7978845608028654f;
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = gate[i];
+    gate[i] = 0.5f * g * (1.f + std::tanh(kSqrt2OverPi * (g + 0.044715f * g * g * g))) * up[i];
+  }
+}
+
+}  // namespace
+
 void DenseLayers::embed(std::span<const int32_t> tokens, float* x) const {
   for (size_t r = 0; r < tokens.size(); ++r)
     to_float(m_.tok_embeddings.dtype, m_.tok_embeddings.row(tokens[r]), x + r * c_.dim, c_.dim);
+  if (c_.embed_scale) {  // Gemma: x * sqrt(dim), the factor rounded to float32 as HF's normaliser
+    const float scale = static_cast<float>(std::sqrt(static_cast<double>(c_.dim)));
+    for (size_t i = 0; i < tokens.size() * c_.dim; ++i) x[i] *= scale;
+  }
 }
 
 void DenseLayers::qkv(int layer, const float* x, int n, float* q, float* k, float* v) {
@@ -32,7 +51,7 @@ void DenseLayers::qkv(int layer, const float* x, int n, float* q, float* k, floa
           {w.wk, k, w.bk.empty() ? nullptr : w.bk.data()},
           {w.wv, v, w.bv.empty() ? nullptr : w.bv.data()}},
          linear_);
-  if (c_.qk_norm) {  // Qwen3: every head of q and k RMS-normalised over head_dim, before RoPE
+  if (c_.qk_norm) {  // Qwen3, Gemma 3: every head of q and k RMS-normalised over head_dim, before RoPE
     const int hd = c_.head_dim;
     for (int64_t i = 0; i < static_cast<int64_t>(n) * c_.n_heads; ++i)
       rms_norm(q + i * hd, w.q_norm.data(), hd, c_.rms_eps, q + i * hd);
@@ -47,14 +66,21 @@ void DenseLayers::out_ffn(int layer, const float* att, int n, float* x) {
   const int dim = c_.dim;
   float* h = h_.data();
   linear(pool_, att, n, {{w.wo, tmp_.data(), nullptr}}, linear_);
+  if (c_.sandwich_norms)  // Gemma: the attention output normalised before the residual add
+    for (int r = 0; r < n; ++r) rms_norm(tmp_.data() + r * dim, w.post_attn_norm.data(), dim, c_.rms_eps, tmp_.data() + r * dim);
   add_inplace(x, tmp_.data(), static_cast<int64_t>(n) * dim);
   for (int r0 = 0; r0 < n; r0 += kFfnRows) {
     const int nr = std::min(kFfnRows, n - r0);
     float* xr = x + static_cast<size_t>(r0) * dim;
     for (int r = 0; r < nr; ++r) rms_norm(xr + r * dim, w.ffn_norm.data(), dim, c_.rms_eps, h + r * dim);
     linear(pool_, h, nr, {{w.w_gate, gate_.data(), nullptr}, {w.w_up, up_.data(), nullptr}}, linear_);
-    swiglu(gate_.data(), up_.data(), static_cast<int64_t>(nr) * c_.hidden_dim);
+    if (c_.ffn_activation == FfnActivation::kGeluTanh)
+      geglu_tanh(gate_.data(), up_.data(), static_cast<int64_t>(nr) * c_.hidden_dim);
+    else
+      swiglu(gate_.data(), up_.data(), static_cast<int64_t>(nr) * c_.hidden_dim);
     linear(pool_, gate_.data(), nr, {{w.w_down, tmp_.data(), nullptr}}, linear_);
+    if (c_.sandwich_norms)
+      for (int r = 0; r < nr; ++r) rms_norm(tmp_.data() + r * dim, w.post_ffn_norm.data(), dim, c_.rms_eps, tmp_.data() + r * dim);
     add_inplace(xr, tmp_.data(), static_cast<int64_t>(nr) * dim);
   }
 }
@@ -68,6 +94,8 @@ void DenseLayers::logits(const float* x, std::span<const int> rows, float* out) 
     rms_norm(x + static_cast<size_t>(rows[i]) * dim, m_.final_norm.data(), dim, c_.rms_eps,
              h_.data() + static_cast<size_t>(i) * dim);
   linear(pool_, h_.data(), n_out, {{m_.lm_head, out, nullptr}}, linear_);
+  if (const float cap = c_.final_softcap; cap > 0)  // Gemma 2: logits <- cap tanh(logits / cap)
+    for (size_t i = 0; i < static_cast<size_t>(n_out) * c_.vocab_size; ++i) out[i] = cap * std::tanh(out[i] / cap);
 }
 
 }  // namespace kvlab::engine_detail

@@ -1,10 +1,14 @@
 // The dense part of the Llama forward pass on the CPU (kernels/cpu: linear, RMSNorm, SwiGLU),
 // shared by the CPU backend and the emulated device, over row-major activations:
-//   embed:       x[r] = tok_embeddings[tokens[r]]                               [n, dim]
+//   embed:       x[r] = tok_embeddings[tokens[r]]  (Gemma: * sqrt(dim))         [n, dim]
 //   qkv:         h = RMSNorm(x) * attn_norm;  q = Wq h (+bq), k = Wk h (+bk), v = Wv h (+bv)
+//                (qk_norm: each head of q, k RMS-normalised with q_norm / k_norm)
 //   out_ffn:     x += Wo att;  h = RMSNorm(x) * ffn_norm;  x += W_down (silu(W_gate h) * (W_up h))
+//                (Gemma: x += RMSNorm(Wo att) * post_attn_norm, GELU-tanh for silu and
+//                 x += RMSNorm(W_down ...) * post_ffn_norm)
 //                (kFfnRows rows at a time, bounding the [rows, hidden] buffers)
 //   logits:      logits[i] = lm_head RMSNorm(x[rows[i]]) * final_norm            [m, vocab]
+//                (final_softcap c > 0: c tanh(logits / c))
 // The dense layers read the weights once per call for all rows: matvec kernels for a few rows
 // (decode), OpenBLAS sgemm for many (prefill). Weights stay in their stored dtype.
 #pragma once

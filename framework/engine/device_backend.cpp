@@ -218,6 +218,11 @@ std::unique_ptr<Backend> make_device_backend(const Model& model, const EngineOpt
   if (o.device == Device::kCuda && !cuda_device_available())
     fail("device cuda: ", cuda_device_summary(), "; use device cpu");
   if (o.device_launch_rows <= 0) fail("device ", name, ": device_launch_rows must be > 0");
+  if (c.sandwich_norms || !c.local_layers.empty() || c.embed_scale || c.attn_softcap > 0 ||
+      c.final_softcap > 0 || c.ffn_activation != FfnActivation::kSilu || c.query_scale > 0)
+    fail("device ", name, ": ", c.arch, " needs what the device path does not have yet (sliding-window "
+         "layers, per-layer RoPE bases, post-attention/post-FFN norms, GeGLU, embedding scaling, "
+         "query_pre_attn_scalar, soft-capping); use device cpu");
   if (!attention_head_dim_supported(c.head_dim))
     fail("device ", name, ": the attention kernels take head_dim 64 or 128; this model has ",
          c.head_dim, " (use device cpu)");

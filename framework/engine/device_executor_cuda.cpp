@@ -396,6 +396,10 @@ std::string cuda_device_summary() {
 bool cuda_device_available() { return cuda::device_count() > 0; }
 
 std::unique_ptr<DeviceExecutor> make_cuda_executor(const DeviceExecutorConfig& config) {
+  if (const ModelConfig& mc = config.model->config; mc.sandwich_norms || !mc.local_layers.empty())
+    fail("device cuda: the CUDA executor does not run ", mc.arch, " (sliding-window layers, per-layer RoPE "
+         "bases, post-attention/post-FFN norms, GeGLU, embedding scaling, query_pre_attn_scalar, "
+         "soft-capping are missing); use device cpu");
   if (config.model->config.qk_norm)
     fail("device cuda: the CUDA layer kernels have no per-head q/k RMSNorm yet (", config.model->config.arch,
          "); use device cpu or emulated");

@@ -85,6 +85,24 @@ KvStoreConfig store_config(const ModelConfig& c, const EngineOptions& o) {
 
 }  // namespace
 
+namespace engine_detail {
+
+LayerRopes::LayerRopes(const ModelConfig& c, int64_t max_table_positions) {
+  const int64_t n = std::min<int64_t>(c.max_seq_len, max_table_positions);
+  global_ = RopeTable(rope_config(c), n);
+  local_ = c.local_layers;
+  has_local_ = c.rope_local_theta > 0 && !c.local_layers.empty();
+  if (has_local_) {  // the local layers: their own base, no scaling (HF Gemma 3 "default" rope type)
+    ModelConfig lc = c;
+    lc.rope_theta = c.rope_local_theta;
+    lc.rope_scaling = RopeScaling{};
+    lc.rope_freq_factors.clear();
+    local_table_ = RopeTable(rope_config(lc), n);
+  }
+}
+
+}  // namespace engine_detail
+
 Engine::Engine(const Model& model, const EngineOptions& opts)
     : model_(model), opts_(opts), pool_(opts.threads) {
   const ModelConfig& c = model.config;
@@ -113,7 +131,7 @@ Engine::Engine(const Model& model, const EngineOptions& opts)
     if (l < 0 || l >= c.n_layers) fail("engine: probe layer ", l, " out of range [0, ", c.n_layers, ")");
 
   store_ = std::make_unique<KvStore>(store_config(c, opts_));
-  rope_ = RopeTable(rope_config(c), std::min<int64_t>(c.max_seq_len, kMaxRopeTablePositions));
+  rope_ = engine_detail::LayerRopes(c, kMaxRopeTablePositions);
   step_ = std::make_unique<engine_detail::AttentionStep>(c, *store_, rope_);
   budget_ = std::make_unique<BudgetObserver>();
   step_->add_observer(budget_.get());
@@ -122,7 +140,7 @@ Engine::Engine(const Model& model, const EngineOptions& opts)
     step_->add_observer(probe_.get());
   }
   backend_ = opts_.device == Device::kCpu ? engine_detail::make_cpu_backend(model_, pool_, *store_, rope_)
-                                          : engine_detail::make_device_backend(model_, opts_, *store_, rope_);
+                                          : engine_detail::make_device_backend(model_, opts_, *store_, rope_.global());
 }
 
 Engine::~Engine() = default;

@@ -43,6 +43,7 @@
 #include "framework/kv/kv_store.h"
 #include "framework/model/model.h"
 #include "framework/policy/policy.h"
+#include "framework/engine/layer_rope.h"
 #include "kernels/cpu/rope.h"
 #include "kernels/cpu/thread_pool.h"
 
@@ -190,7 +191,8 @@ class Engine {
   EngineOptions opts_;
   ThreadPool pool_;
   std::unique_ptr<KvStore> store_;
-  RopeTable rope_;  // RoPE at insertion, of queries at their cache rank, and at read
+  // RoPE at insertion, of queries at their cache rank, and at read (per layer: Gemma 3)
+  engine_detail::LayerRopes rope_;
   std::unordered_map<SeqId, std::unique_ptr<Sequence>> seqs_;
   std::unique_ptr<engine_detail::AttentionStep> step_;
   std::unique_ptr<engine_detail::BudgetObserver> budget_;

@@ -11,6 +11,8 @@
 //     load (the same stored values, Q/K permuted: 2 logit_bound());
 //   - token-by-token decode (matvec kernels) gives the prefill logits (sgemm) within 2
 //     logit_bound().
+// The Gemma fixtures (local windows shorter and longer than the sequences, soft-capping) go
+// through the same checks; their GGUF equals their HF files bit for bit.
 // Skips (naming the directory) when the fixtures are absent, e.g. the binary run by hand
 // before `ctest -R make_tiny_models`.
 #include <gtest/gtest.h>
@@ -162,6 +164,13 @@ TEST_F(FixtureLogits, EveryFormatGivesTheSameLogits) {
     if (files.contains("gguf")) {
       gguf = prefill_logits(*load(f.dir / files["gguf"].get<std::string>()), seq);
       expect_within(gguf, want, two_passes, f.dir.filename().string() + " gguf");
+      // Gemma: no Q/K permutation (NeoX RoPE) and the GGUF's norms are float32(1 + w), what the HF
+      // loader computes from w: the same values, the same computation, bit for bit.
+      const std::string arch = f.meta["arch"].get<std::string>();
+      if (arch == "gemma2" || arch == "gemma3") {
+        SCOPED_TRACE(f.dir.filename().string() + " gguf == hf");
+        EXPECT_EQ(max_abs_diff(gguf, want), 0.f);
+      }
     }
     if (files.contains("llama2c")) {
       SCOPED_TRACE(f.dir.filename().string() + " llama2c");

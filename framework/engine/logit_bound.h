@@ -44,8 +44,12 @@ inline double logit_bound(const Model& m, size_t n_tokens) {
     wg_norm = std::max(wg_norm, std::sqrt(s));
   }
   const double M = wg_norm * std::sqrt(double(c.dim));
-  const double per_layer = 2.0 * c.dim + c.head_dim + double(n_tokens) +
-                           double(c.n_heads) * c.head_dim + c.hidden_dim;
+  double per_layer = 2.0 * c.dim + c.head_dim + double(n_tokens) +
+                     double(c.n_heads) * c.head_dim + c.hidden_dim;
+  // Gemma: the post-attention and post-FFN RMSNorms (a D-term sum of squares each, their (1 + w)
+  // multipliers rounded once more) and the per-head q/k norms (head_dim terms each); soft-capping
+  // (|d tanh| <= 1) and GELU-tanh (|gelu'| < 1.13, as silu's < 1.1) amplify nothing.
+  if (c.sandwich_norms) per_layer += 2.0 * c.dim + 2.0 * c.head_dim;
   const double N = c.n_layers * per_layer + c.dim;
   constexpr double kU = 0x1p-24, kLambda = 6;
   return 2 * kLambda * kU * std::sqrt(N) * M;

@@ -79,6 +79,10 @@ std::unique_ptr<Model> make_random_model(const ModelConfig& c, DType weight_dtyp
       w.k_norm = b.vec(c.head_dim, 1.f, 0.1f);
     }
     w.ffn_norm = b.vec(c.dim, 1.f, 0.1f);
+    if (c.sandwich_norms) {
+      w.post_attn_norm = b.vec(c.dim, 1.f, 0.1f);
+      w.post_ffn_norm = b.vec(c.dim, 1.f, 0.1f);
+    }
     w.w_gate = b.matrix(c.hidden_dim, c.dim);
     w.w_up = b.matrix(c.hidden_dim, c.dim);
     w.w_down = b.matrix(c.dim, c.hidden_dim);

@@ -2,7 +2,8 @@
 // self-consistency tests.
 //
 // Matrices ~ uniform with variance 1/fan_in, so activations stay O(1) through the layers; norms ~ 1 +
-// N(0, 0.1); biases (qkv_bias) ~ N(0, 0.1). Matrices are generated in fp32 and stored as
+// N(0, 0.1) (the multipliers the engine reads; with sandwich_norms also post_attn_norm and
+// post_ffn_norm); biases (qkv_bias) ~ N(0, 0.1). Matrices are generated in fp32 and stored as
 // `weight_dtype` (Q8_0 needs every matrix's cols to be a multiple of 32).
 #pragma once
 

@@ -71,7 +71,7 @@ void ProbeObserver::new_rows(Group& g, int layer, const float* q, const float* k
   const int kvd = c_.n_kv_heads * c_.head_dim;
   if (s.probe.probing_step) {  // the dense reference uses original positions: the query at its text position
     s.probe.q.assign(q, q + static_cast<size_t>(c_.n_heads) * c_.head_dim);
-    if (s.needs.rope_at_cache_position) apply_rope(s.probe.q.data(), c_.n_heads, c_.head_dim, g.positions[0], rope_);
+    if (s.needs.rope_at_cache_position) apply_rope(s.probe.q.data(), c_.n_heads, c_.head_dim, g.positions[0], rope_[layer]);
   }
   ProbeShadow& sh = s.probe.shadow[layer];
   sh.k.insert(sh.k.end(), k, k + static_cast<size_t>(g.n_rows) * kvd);
@@ -90,7 +90,8 @@ void ProbeObserver::attended(Group& g, int layer, const LayerKv& kv, const float
   const int kvd = nkv * hd;
   const int64_t n_seen = static_cast<int64_t>(sh.positions.size());
   const bool cache_pos = s.needs.rope_at_cache_position;
-  const double scale = 1.f / std::sqrt(static_cast<float>(hd));
+  const double scale = attention_scale(c_);
+  const int64_t window = layer_window(c_, layer);  // dense = what the model reads: its window
   std::vector<float> keys;  // rope-at-cache-position: the shadow's raw keys rotated at their text position
   for (int hq = 0; hq < nh; ++hq) {
     const int kh = hq / group;
@@ -107,14 +108,15 @@ void ProbeObserver::attended(Group& g, int layer, const LayerKv& kv, const float
       keys.resize(static_cast<size_t>(n_seen) * hd);
       for (int64_t j = 0; j < n_seen; ++j) {
         std::memcpy(&keys[j * hd], sh.k.data() + static_cast<size_t>(j) * kvd + kh * hd, hd * sizeof(float));
-        apply_rope(&keys[j * hd], 1, hd, sh.positions[j], rope_);
+        apply_rope(&keys[j * hd], 1, hd, sh.positions[j], rope_[layer]);
       }
     }
     const testing::ReferenceRow dense = testing::reference_attention_row(
         qh, hd, n_seen, scale,
         [&](int64_t j) { return cache_pos ? &keys[j * hd] : sh.k.data() + static_cast<size_t>(j) * kvd + kh * hd; },
         [&](int64_t j) { return sh.v.data() + static_cast<size_t>(j) * kvd + kh * hd; },
-        [](int64_t) { return true; });
+        [&](int64_t j) { return window <= 0 || g.positions[0] - sh.positions[j] < window; },
+        c_.attn_softcap);
     double recall = 0;
     for (int64_t j = 0; j < n_seen; ++j)
       if (attended.count(sh.positions[j])) recall += dense.p[j];

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "framework/engine/attention_step.h"
+#include "framework/engine/layer_rope.h"
 
 namespace kvlab::engine_detail {
 
@@ -23,7 +24,7 @@ class BudgetObserver final : public StepObserver {
 class ProbeObserver final : public StepObserver {
  public:
   // probe_layers: sorted, unique, in range (EngineOptions after defaulting).
-  ProbeObserver(const ModelConfig& config, const RopeTable& rope, std::vector<int> probe_layers)
+  ProbeObserver(const ModelConfig& config, const LayerRopes& rope, std::vector<int> probe_layers)
       : c_(config), rope_(rope), layers_(std::move(probe_layers)) {}
   void new_rows(Group& g, int layer, const float* q, const float* k, const float* v) override;
   void attended(Group& g, int layer, const LayerKv& kv, const float* out) override;
@@ -36,7 +37,7 @@ class ProbeObserver final : public StepObserver {
  private:
   bool keeps_shadow(const Sequence& s, int layer) const;
   const ModelConfig& c_;
-  const RopeTable& rope_;
+  const LayerRopes& rope_;
   std::vector<int> layers_;
 };
 

@@ -32,6 +32,15 @@ size_t ModelConfig::kv_bytes_per_token(DType kv_dtype) const {
   }
 }
 
+int layer_window(const ModelConfig& c, int layer) {
+  const bool local = layer >= 0 && static_cast<size_t>(layer) < c.local_layers.size() && c.local_layers[layer];
+  return local ? c.sliding_window : 0;
+}
+
+float attention_scale(const ModelConfig& c) {
+  return c.query_scale > 0 ? c.query_scale : 1.f / std::sqrt(static_cast<float>(c.head_dim));
+}
+
 std::vector<float> rope_inv_freq(const ModelConfig& c) {
   const int half = c.head_dim / 2;
   std::vector<float> out(half);
@@ -90,7 +99,8 @@ int64_t parameter_count(const Model& m) {
       n += w->rows * w->cols;
     }
     n += static_cast<int64_t>(l.attn_norm.size() + l.ffn_norm.size() + l.bq.size() + l.bk.size() +
-                              l.bv.size());
+                              l.bv.size() + l.q_norm.size() + l.k_norm.size() + l.post_attn_norm.size() +
+                              l.post_ffn_norm.size());
   }
   return n;
 }
@@ -124,7 +134,9 @@ std::string gguf_tensor_name(int layer, std::string_view part) {
       {"wv", "attn_v.weight"},           {"wo", "attn_output.weight"},  {"bq", "attn_q.bias"},
       {"bk", "attn_k.bias"},             {"bv", "attn_v.bias"},         {"ffn_norm", "ffn_norm.weight"},
       {"w_gate", "ffn_gate.weight"},     {"w_up", "ffn_up.weight"},     {"w_down", "ffn_down.weight"},
-      {"q_norm", "attn_q_norm.weight"},  {"k_norm", "attn_k_norm.weight"}};
+      {"q_norm", "attn_q_norm.weight"},  {"k_norm", "attn_k_norm.weight"},
+      {"post_attn_norm", "post_attention_norm.weight"},
+      {"post_ffn_norm", "post_ffw_norm.weight"}};
   return str_cat("blk.", layer, ".", kParts.find(part)->second);
 }
 
@@ -145,6 +157,15 @@ std::string hf_tensor_name(int layer, std::string_view part) {
       {"q_norm", "self_attn.q_norm.weight"},
       {"k_norm", "self_attn.k_norm.weight"}};
   return str_cat("model.layers.", layer, ".", kParts.find(part)->second);
+}
+
+std::string hf_gemma_tensor_name(int layer, std::string_view part) {
+  // HF modeling_gemma2.py / modeling_gemma3.py: post_attention_layernorm is the norm of the
+  // attention OUTPUT; the pre-FFN norm is pre_feedforward_layernorm.
+  if (part == "ffn_norm") return str_cat("model.layers.", layer, ".pre_feedforward_layernorm.weight");
+  if (part == "post_attn_norm") return str_cat("model.layers.", layer, ".post_attention_layernorm.weight");
+  if (part == "post_ffn_norm") return str_cat("model.layers.", layer, ".post_feedforward_layernorm.weight");
+  return hf_tensor_name(layer, part);
 }
 
 void validate_config(const ModelConfig& c, const std::filesystem::path& file) {
@@ -183,6 +204,19 @@ void validate_config(const ModelConfig& c, const std::filesystem::path& file) {
       fail(file.string(), ": rope scaling original_max_position_embeddings must be positive, got ",
            s.original_max_position);
   }
+  if (!c.local_layers.empty()) {
+    if (static_cast<int>(c.local_layers.size()) != c.n_layers)
+      fail(file.string(), ": ", c.local_layers.size(), " layer kinds for ", c.n_layers, " layers");
+    if (c.sliding_window <= 0)
+      fail(file.string(), ": sliding-window layers need a positive sliding_window, got ", c.sliding_window);
+  }
+  auto non_negative = [&](const char* what, float v) {
+    if (!(v >= 0) || !std::isfinite(v)) fail(file.string(), ": ", what, " must be finite and >= 0, got ", v);
+  };
+  non_negative("rope_local_base_freq", c.rope_local_theta);
+  non_negative("query scale (query_pre_attn_scalar^-1/2)", c.query_scale);
+  non_negative("attn_logit_softcapping", c.attn_softcap);
+  non_negative("final_logit_softcapping", c.final_softcap);
   for (float f : c.rope_freq_factors) {
     if (!(f > 0) || !std::isfinite(f)) fail(file.string(), ": rope_freqs holds ", f, " (expected positive, finite factors)");
   }
@@ -318,6 +352,10 @@ void build_weights(Model& model, const TensorTable& table, const TensorNames& na
       expect(name("k_norm"), {c.head_dim});
     }
     expect(name("ffn_norm"), {c.dim});
+    if (c.sandwich_norms) {
+      expect(name("post_attn_norm"), {c.dim});
+      expect(name("post_ffn_norm"), {c.dim});
+    }
     expect(name("w_gate"), {c.hidden_dim, c.dim});
     expect(name("w_up"), {c.hidden_dim, c.dim});
     expect(name("w_down"), {c.dim, c.hidden_dim});
@@ -345,6 +383,10 @@ void build_weights(Model& model, const TensorTable& table, const TensorNames& na
       l.k_norm = b.vector(name("k_norm"), c.head_dim);
     }
     l.ffn_norm = b.vector(name("ffn_norm"), c.dim);
+    if (c.sandwich_norms) {
+      l.post_attn_norm = b.vector(name("post_attn_norm"), c.dim);
+      l.post_ffn_norm = b.vector(name("post_ffn_norm"), c.dim);
+    }
     l.w_gate = b.matrix(name("w_gate"), c.hidden_dim, c.dim);
     l.w_up = b.matrix(name("w_up"), c.hidden_dim, c.dim);
     l.w_down = b.matrix(name("w_down"), c.dim, c.hidden_dim);

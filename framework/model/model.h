@@ -2,10 +2,10 @@
 //
 // Supported inputs (load_model auto-detects):
 //   - GGUF v2/v3 (*.gguf): architectures `llama` (Llama 1/2/3, Mistral, TinyLlama, SmolLM),
-//     `qwen2` and `qwen3`; tensors F32/F16/BF16/Q8_0 and the GGUF block types Q4_0 ... Q6_K (kernels/cpu/quant_blocks.h); hyper-parameters from the `<arch>.*` metadata;
+//     `qwen2`, `qwen3`, `gemma2` and `gemma3` (text only); tensors F32/F16/BF16/Q8_0 and the GGUF block types Q4_0 ... Q6_K (kernels/cpu/quant_blocks.h); hyper-parameters from the `<arch>.*` metadata;
 //     Llama-3 RoPE scaling from the `rope_freqs.weight` tensor.
 //   - A Hugging Face directory: config.json (LlamaForCausalLM, MistralForCausalLM,
-//     Qwen2ForCausalLM, Qwen3ForCausalLM) + model.safetensors or shards listed in model.safetensors.index.json;
+//     Qwen2ForCausalLM, Qwen3ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM) + model.safetensors or shards listed in model.safetensors.index.json;
 //     dtypes F32/F16/BF16.
 //   - llama2.c checkpoints (*.bin, legacy v0 layout: 7 int32 header, float32 weights; a negative
 //     vocab_size in the header means an unshared classifier; or a version 1 "ak42" export).
@@ -46,8 +46,14 @@ struct RopeScaling {
   int original_max_position = 8192;
 };
 
+// The feed-forward block's gate activation: x = W_down (act(W_gate h) * (W_up h)).
+enum class FfnActivation {
+  kSilu,     // SwiGLU (Llama, Qwen)
+  kGeluTanh  // GeGLU with the tanh approximation of GELU (Gemma: gelu_pytorch_tanh)
+};
+
 struct ModelConfig {
-  std::string arch;  // "llama" | "qwen2" | "qwen3"
+  std::string arch;  // "llama" | "qwen2" | "qwen3" | "gemma2" | "gemma3"
   int dim = 0, n_layers = 0, n_heads = 0, n_kv_heads = 0, head_dim = 0, hidden_dim = 0,
       vocab_size = 0, max_seq_len = 0;
   float rope_theta = 10000, rms_eps = 1e-5f;
@@ -60,12 +66,41 @@ struct ModelConfig {
   // Per-pair divisors of the RoPE frequencies [head_dim/2] from a GGUF `rope_freqs.weight`
   // (how llama.cpp stores Llama-3 scaling); empty otherwise. rope_inv_freq() applies them.
   std::vector<float> rope_freq_factors;
-  int sliding_window = 0;  // Mistral v0.1's config.json `sliding_window` (informative; 0 = none)
+  // Mistral v0.1's config.json `sliding_window` (informative; 0 = none), or Gemma's window of its
+  // local layers (enforced on the layers local_layers marks).
+  int sliding_window = 0;
+
+  // Gemma 2 / 3 (defaults: the Llama family, unchanged).
+  // Sliding-window layers [n_layers]: 1 = the query at position i reads key j only if
+  // i - j < sliding_window (HF masking_utils' sliding_window_overlay, llama.cpp's n_swa mask);
+  // empty = every layer global. Gemma 2: even layers local; Gemma 3: layer i global iff
+  // (i + 1) % 6 == 0.
+  std::vector<uint8_t> local_layers;
+  // Gemma 3: the local layers' RoPE base (rope_local_base_freq), without rope scaling; the global
+  // layers use rope_theta and rope_scaling. 0 = every layer uses rope_theta (and the scaling).
+  float rope_local_theta = 0;
+  bool embed_scale = false;    // x = embedding * sqrt(dim), the factor rounded to float32 (Gemma)
+  // Gemma: post_attn_norm on the attention output and post_ffn_norm on the FFN output before each
+  // residual add (ffn_norm is then the pre-FFN norm). The norm weights the engine reads are the
+  // multipliers: Gemma's (1 + w) is added on load from HF; llama.cpp's converter stores 1 + w.
+  bool sandwich_norms = false;
+  FfnActivation ffn_activation = FfnActivation::kSilu;
+  // Attention scores are s = query_scale * q.k; 0 = 1/sqrt(head_dim). Gemma:
+  // query_pre_attn_scalar^-1/2.
+  float query_scale = 0;
+  // Gemma 2 soft-capping: s <- cap * tanh(s / cap) on attention scores and on the final logits;
+  // 0 = none.
+  float attn_softcap = 0, final_softcap = 0;
 
   // 2 (K and V) * n_layers * n_kv_heads * head_dim * bytes per element (Q8_0: 34/32 bytes,
   // total rounded up to a whole byte).
   size_t kv_bytes_per_token(DType kv_dtype) const;
 };
+
+// The attention window of layer `layer`: sliding_window on a local layer, 0 (unbounded) else.
+int layer_window(const ModelConfig& config, int layer);
+// The score scale: query_scale, or 1/sqrt(head_dim) when it is 0.
+float attention_scale(const ModelConfig& config);
 
 // The RoPE inverse frequencies [head_dim/2]: the angle of pair i at position p is
 // p * inv_freq[i], with inv_freq[i] = rope_theta^(-2i/head_dim), then
@@ -88,7 +123,8 @@ struct LayerWeights {
   WeightView wq, wk, wv, wo;        // [n_heads*hd, dim], [n_kv*hd, dim], [n_kv*hd, dim], [dim, n_heads*hd]
   std::vector<float> bq, bk, bv;    // [n_heads*hd], [n_kv*hd], [n_kv*hd]; empty without QKV bias
   std::vector<float> q_norm, k_norm;  // [hd] each; empty without qk_norm
-  std::vector<float> ffn_norm;      // [dim]
+  std::vector<float> ffn_norm;      // [dim] (Gemma: pre_feedforward_layernorm)
+  std::vector<float> post_attn_norm, post_ffn_norm;  // [dim] each; empty without sandwich_norms
   WeightView w_gate, w_up, w_down;  // [hidden, dim], [hidden, dim], [dim, hidden]
 };
 

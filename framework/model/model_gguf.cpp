@@ -9,6 +9,20 @@
 // attn_v, attn_output, attn_{q,k,v}.bias, ffn_norm, ffn_gate, ffn_up, ffn_down}; `qwen3` adds
 // blk.N.attn_q_norm / attn_k_norm [head_dim] (the names later llama.cpp writes for it; the anchor
 // at c392e50 predates qwen3). qwen2 and qwen3 rotate pairs (i, i + head_dim/2).
+// Gemma (`gemma2`, `gemma3`; llama.cpp's llama-model.cpp / llama.cpp build_gemma2 and later
+// build_gemma3 are the reference): NeoX RoPE, tied embeddings scaled by sqrt(dim), GeGLU (tanh
+// GELU), blk.N.post_attention_norm and blk.N.post_ffw_norm after attention and FFN (ffn_norm is
+// the pre-FFN norm). Norm weights are stored as 1 + w (convert_hf_to_gguf.py's Gemma2Model adds 1
+// to every "norm.weight"; Gemma3Model inherits that), so they are used as they are. Keys:
+// <arch>.attention.sliding_window (gemma2 default 4096 as llama.cpp), gemma2's
+// attn_logit_softcapping / final_logit_softcapping (defaults 50 / 30 as llama.cpp's hparams).
+// The layer pattern and the query scale are not in the file; as llama.cpp: gemma2 layer i is local
+// iff i % 2 == 0, gemma3 iff (i + 1) % 6 != 0 (or <arch>.attention.sliding_window_pattern when
+// present); the score scale is 1/sqrt(head_dim), except for the 27B shapes (gemma2 46 layers,
+// gemma3 62 layers) where it is 1/sqrt(dim / head_count) (query_pre_attn_scalar of their HF
+// configs). gemma3: attn_q_norm / attn_k_norm per head, local layers' RoPE base 10000
+// (<arch>.rope.freq_base_swa when present), rope.freq_base and linear scaling on global layers.
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -68,8 +82,9 @@ void load_gguf(Model& model, const std::filesystem::path& path, const LoadOption
   const std::string p = path.string();
 
   const std::string arch = f.at("general.architecture").as_string();
-  if (arch != "llama" && arch != "qwen2" && arch != "qwen3") {
-    fail(p, ": unsupported architecture '", arch, "' (supported: llama, qwen2, qwen3)");
+  const bool gemma = arch == "gemma2" || arch == "gemma3";
+  if (arch != "llama" && arch != "qwen2" && arch != "qwen3" && !gemma) {
+    fail(p, ": unsupported architecture '", arch, "' (supported: llama, qwen2, qwen3, gemma2, gemma3)");
   }
   if (const GgufValue* e = f.find(arch + ".expert_count"); e && e->as_int() > 0) {
     fail(p, ": mixture-of-experts models are not supported (", arch, ".expert_count = ", e->as_int(), ")");
@@ -77,7 +92,7 @@ void load_gguf(Model& model, const std::filesystem::path& path, const LoadOption
   ModelConfig& c = model.config;
   c.arch = arch;
   c.rope_style = arch == "llama" ? RopeStyle::kInterleaved : RopeStyle::kNeox;
-  c.qk_norm = arch == "qwen3";
+  c.qk_norm = arch == "qwen3" || arch == "gemma3";
   c.max_seq_len = get_int(f, arch + ".context_length");
   c.dim = get_int(f, arch + ".embedding_length");
   c.n_layers = get_int(f, arch + ".block_count");
@@ -118,6 +133,37 @@ void load_gguf(Model& model, const std::filesystem::path& path, const LoadOption
       fail(p, ": key '", arch, ".rope.scaling.original_context_length' = ", n, " is out of range");
     }
     c.rope_scaling.original_max_position = static_cast<int>(n);
+  }
+
+  if (gemma) {
+    c.embed_scale = true;
+    c.sandwich_norms = true;
+    c.ffn_activation = FfnActivation::kGeluTanh;
+    c.sliding_window = f.find(arch + ".attention.sliding_window")
+                           ? get_int(f, arch + ".attention.sliding_window")
+                           : (arch == "gemma2" ? 4096 : 0);
+    if (c.sliding_window <= 0) fail(p, ": missing key '", arch, ".attention.sliding_window'");
+    c.local_layers.resize(c.n_layers);
+    const std::string pattern_key = arch + ".attention.sliding_window_pattern";
+    const GgufValue* pv = f.find(pattern_key);
+    if (pv && pv->type() == GgufType::kArray) {  // one flag per layer (1 = sliding window)
+      const std::vector<int64_t> flags = pv->as_ints();
+      if (static_cast<int>(flags.size()) != c.n_layers)
+        fail(p, ": key '", pattern_key, "' has ", flags.size(), " entries for ", c.n_layers, " layers");
+      for (int i = 0; i < c.n_layers; ++i) c.local_layers[i] = flags[i] != 0;
+    } else {
+      const int pattern = get_int_or(f, pattern_key, arch == "gemma2" ? 2 : 6);
+      for (int i = 0; i < c.n_layers; ++i) c.local_layers[i] = (i + 1) % pattern != 0;
+    }
+    const bool big = (arch == "gemma2" && c.n_layers == 46) || (arch == "gemma3" && c.n_layers == 62);
+    c.query_scale = 1.f / std::sqrt(big ? static_cast<float>(c.dim / c.n_heads) : static_cast<float>(c.head_dim));
+    if (arch == "gemma2") {
+      c.attn_softcap = get_float_or(f, arch + ".attn_logit_softcapping", 50.f);
+      c.final_softcap = get_float_or(f, arch + ".final_logit_softcapping", 30.f);
+    } else {
+      c.rope_local_theta = get_float_or(f, arch + ".rope.freq_base_swa", 10000.f);
+      c.final_softcap = get_float_or(f, arch + ".final_logit_softcapping", 0.f);
+    }
   }
 
   TensorTable table;

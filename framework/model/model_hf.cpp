@@ -7,6 +7,8 @@
 //     (false), rope_scaling {rope_type|type: linear|llama3, factor, low_freq_factor,
 //     high_freq_factor, original_max_position_embeddings}, attention_bias (llama: must be false;
 //     qwen2 always has q/k/v biases; qwen3 must be false), sliding_window (Mistral, informative).
+//   Gemma2ForCausalLM / Gemma3ForCausalLM: read_gemma() below; Gemma3ForConditionalGeneration
+//     (vision tower) is refused by name.
 //   weights: model.safetensors, or shards named by model.safetensors.index.json's weight_map.
 // HF stores Q/K for rotate-half RoPE: rope_style = kNeox.
 #include <cmath>
@@ -88,6 +90,50 @@ struct ConfigReader {
   }
 };
 
+// The Gemma 2 / 3 keys (HF configuration_gemma2.py / configuration_gemma3.py and their defaults):
+// hidden_activation (or hidden_act) gelu_pytorch_tanh, query_pre_attn_scalar (256),
+// sliding_window (4096), layer_types ["sliding_attention" | "full_attention", ...] or else
+// sliding_window_pattern (Gemma 3: 6; layer i global iff (i + 1) % pattern == 0; Gemma 2: even
+// layers local), attn_logit_softcapping / final_logit_softcapping (Gemma 2: 50 / 30; Gemma 3:
+// null), rope_local_base_freq (Gemma 3: 10000).
+void read_gemma(const ConfigReader& r, ModelConfig& c) {
+  const std::string& cp = r.file;
+  const bool g2 = c.arch == "gemma2";
+  c.embed_scale = true;
+  c.sandwich_norms = true;
+  c.ffn_activation = FfnActivation::kGeluTanh;
+  // (HF reads hidden_activation; hidden_act is the older key)
+  const char* act_key = r.find("hidden_activation") ? "hidden_activation" : "hidden_act";
+  if (const json* act = r.find(act_key); act && *act != "gelu_pytorch_tanh")
+    fail(cp, ": ", act_key, " ", act->dump(), " is not supported for ", c.arch, " (expected \"gelu_pytorch_tanh\")");
+  if (r.get_bool_or("use_bidirectional_attention", false))
+    fail(cp, ": use_bidirectional_attention = true (EmbeddingGemma) is not supported");
+  const float qpas = r.get_float_or("query_pre_attn_scalar", 256.f);
+  if (!(qpas > 0)) fail(cp, ": key 'query_pre_attn_scalar' must be positive");
+  c.query_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(qpas)));
+  c.sliding_window = r.get_int_or("sliding_window", 4096);
+  c.local_layers.assign(c.n_layers, 0);
+  if (const json* lt = r.find("layer_types")) {
+    if (!lt->is_array() || static_cast<int>(lt->size()) != c.n_layers)
+      fail(cp, ": layer_types: expected an array of ", c.n_layers, " strings, got ", lt->dump());
+    for (int i = 0; i < c.n_layers; ++i) {
+      const json& t = (*lt)[i];
+      if (t == "sliding_attention") c.local_layers[i] = 1;
+      else if (t != "full_attention")
+        fail(cp, ": layer_types[", i, "] = ", t.dump(), " (expected \"sliding_attention\" or \"full_attention\")");
+    }
+  } else {
+    const int pattern = r.get_int_or("sliding_window_pattern", g2 ? 2 : 6);
+    for (int i = 0; i < c.n_layers; ++i) c.local_layers[i] = (i + 1) % pattern != 0;
+  }
+  // An explicit null means no capping; an absent key the family's default.
+  c.attn_softcap = r.j.contains("attn_logit_softcapping") ? r.get_float_or("attn_logit_softcapping", 0.f)
+                                                          : (g2 ? 50.f : 0.f);
+  c.final_softcap = r.j.contains("final_logit_softcapping") ? r.get_float_or("final_logit_softcapping", 0.f)
+                                                            : (g2 ? 30.f : 0.f);
+  if (!g2) c.rope_local_theta = r.get_float_or("rope_local_base_freq", 10000.f);
+}
+
 }  // namespace
 
 void load_hf(Model& model, const std::filesystem::path& dir, const LoadOptions& opts) {
@@ -111,10 +157,20 @@ void load_hf(Model& model, const std::filesystem::path& dir, const LoadOptions& 
   } else if (architecture == "Qwen3ForCausalLM") {
     c.arch = "qwen3";
     c.qk_norm = true;
+  } else if (architecture == "Gemma2ForCausalLM") {
+    c.arch = "gemma2";
+  } else if (architecture == "Gemma3ForCausalLM") {
+    c.arch = "gemma3";
+    c.qk_norm = true;
+  } else if (architecture == "Gemma3ForConditionalGeneration") {
+    fail(cp, ": Gemma3ForConditionalGeneration has a vision tower (SigLIP) and a multimodal projector, "
+         "which kvlab does not run; convert its text_config part to a Gemma3ForCausalLM directory");
   } else {
     fail(cp, ": unsupported architecture '", architecture,
-         "' (supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM)");
+         "' (supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
+         "Gemma2ForCausalLM, Gemma3ForCausalLM)");
   }
+  const bool gemma = c.arch == "gemma2" || c.arch == "gemma3";
   c.rope_style = RopeStyle::kNeox;
   c.dim = r.get_int("hidden_size");
   c.hidden_dim = r.get_int("intermediate_size");
@@ -127,11 +183,13 @@ void load_hf(Model& model, const std::filesystem::path& dir, const LoadOptions& 
   c.head_dim = r.get_int_or("head_dim", c.dim / c.n_heads);
   c.vocab_size = r.get_int("vocab_size");
   c.max_seq_len = r.get_int("max_position_embeddings");
-  c.rope_theta = r.get_float_or("rope_theta", 10000.f);
+  c.rope_theta = r.get_float_or("rope_theta", c.arch == "gemma3" ? 1e6f : 10000.f);
   c.rms_eps = r.get_float_or("rms_norm_eps", 1e-6f);
-  c.tied_embeddings = r.get_bool_or("tie_word_embeddings", false);
-  // Informative only: an integer outside [1, 2^31) reads as "none".
-  if (const json* sw = r.find("sliding_window"); sw && sw->is_number_integer()) {
+  c.tied_embeddings = r.get_bool_or("tie_word_embeddings", gemma);
+  // Informative only (Mistral): an integer outside [1, 2^31) reads as "none".
+  if (gemma) {
+    read_gemma(r, c);
+  } else if (const json* sw = r.find("sliding_window"); sw && sw->is_number_integer()) {
     const double w = sw->get<double>();
     if (w >= 1 && w < 2147483648.0) c.sliding_window = static_cast<int>(w);
   }
@@ -141,10 +199,25 @@ void load_hf(Model& model, const std::filesystem::path& dir, const LoadOptions& 
     fail(cp, ": attention_bias = true (bias on o_proj) is not supported for ", architecture);
   }
   if (r.get_bool_or("mlp_bias", false)) fail(cp, ": mlp_bias = true is not supported");
-  if (const json* act = r.find("hidden_act"); act && *act != "silu") {
+  if (const json* act = r.find("hidden_act"); !gemma && act && *act != "silu") {
     fail(cp, ": hidden_act ", act->dump(), " is not supported (expected \"silu\")");
   }
-  if (const json* rs = r.find("rope_scaling")) {
+  // Gemma 3 under transformers 5: rope_parameters {full_attention: {rope_type, rope_theta,
+  // factor}, sliding_attention: {rope_type: default, rope_theta}} instead of the legacy keys.
+  const json* rs = r.find("rope_scaling");
+  if (const json* rp = r.find("rope_parameters"); c.arch == "gemma3" && rp) {
+    if (!rp->is_object()) fail(cp, ": rope_parameters: expected an object, got ", rp->dump());
+    if (const json* full = ConfigReader::find_in(*rp, "full_attention")) {
+      c.rope_theta = r.get_float_or("rope_theta", c.rope_theta, full);
+      rs = full;
+    }
+    if (const json* local = ConfigReader::find_in(*rp, "sliding_attention")) {
+      c.rope_local_theta = r.get_float_or("rope_theta", c.rope_local_theta, local);
+      if (const json* t = ConfigReader::find_in(*local, "rope_type"); t && *t != "default")
+        fail(cp, ": rope_parameters.sliding_attention.rope_type ", t->dump(), " is not supported (expected \"default\")");
+    }
+  }
+  if (rs) {
     if (!rs->is_object()) fail(cp, ": rope_scaling: expected an object or null, got ", rs->dump());
     std::string type;
     for (const char* k : {"rope_type", "type"}) {
@@ -215,8 +288,15 @@ void load_hf(Model& model, const std::filesystem::path& dir, const LoadOptions& 
     fail(dir.string(), ": missing tensor 'lm_head.weight' (config.json has tie_word_embeddings = false)");
   }
   build_weights(model, table, TensorNames{"model.embed_tokens.weight", "model.norm.weight", "lm_head.weight",
-                                          &hf_tensor_name},
+                                          gemma ? &hf_gemma_tensor_name : &hf_tensor_name},
                 opts);
+  if (gemma) {  // Gemma's RMSNorm multiplies by (1 + w), in float32 (modeling_gemma3.py Gemma3RMSNorm)
+    auto plus_one = [](std::vector<float>& w) { for (float& x : w) x = 1.f + x; };
+    for (LayerWeights& l : model.layers)
+      for (std::vector<float>* w : {&l.attn_norm, &l.ffn_norm, &l.post_attn_norm, &l.post_ffn_norm, &l.q_norm, &l.k_norm})
+        plus_one(*w);
+    plus_one(model.final_norm);
+  }
   attach_tokenizer(model, opts, {dir / "tokenizer.json", dir / "tokenizer.model"}, nullptr);
 }
 

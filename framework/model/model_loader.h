@@ -34,13 +34,14 @@ class TensorTable {
 };
 
 // The tensor names of one file format. `layer(i, part)` with part one of: attn_norm wq wk wv wo
-// bq bk bv ffn_norm w_gate w_up w_down q_norm k_norm.
+// bq bk bv ffn_norm w_gate w_up w_down q_norm k_norm post_attn_norm post_ffn_norm.
 struct TensorNames {
   std::string tok_embeddings, final_norm, lm_head;
   std::string (*layer)(int layer, std::string_view part);
 };
 std::string gguf_tensor_name(int layer, std::string_view part);  // "blk.3.attn_q.weight", ...
 std::string hf_tensor_name(int layer, std::string_view part);    // "model.layers.3.self_attn.q_proj.weight"
+std::string hf_gemma_tensor_name(int layer, std::string_view part);  // Gemma 2/3's norm names
 
 // Checks the config, then every tensor's shape, converts as LoadOptions asks, and fills
 // model.tok_embeddings / layers / final_norm / lm_head / stored_dtype. model.config must be set;

@@ -3,6 +3,7 @@
 // the Q/K row order (GGUF llama and llama2.c: interleaved RoPE order; HF: rotate-half order).
 // Also: dtype conversions on load, RoPE frequencies, and bad inputs failing with clear messages.
 #include "framework/model/model.h"
+#include "framework/model/safetensors.h"
 
 #include <gtest/gtest.h>
 
@@ -13,6 +14,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <map>
 #include <random>
 #include <string>
 #include <vector>
@@ -40,7 +42,10 @@ json read_json(const fs::path& p) {
 const std::vector<std::string> kFixtures = {
     "llama_hd32_gqa1_tied",        "llama_hd64_gqa2_untied",   "llama_hd80_gqa4_untied",
     "llama_hd128_gqa8_tied",       "qwen2_hd64_gqa2_bias_tied", "qwen2_hd32_gqa4_bias_untied",
-    "llama3_rope_hd32_gqa4",       "qwen3_hd64_gqa2_qknorm_untied"};
+    "llama3_rope_hd32_gqa4",       "qwen3_hd64_gqa2_qknorm_untied",
+    "gemma3_hd64_gqa2_w5",
+    "gemma3_hd32_gqa1_w128_linear",
+    "gemma2_hd32_gqa4_w4_softcap"};
 
 std::unique_ptr<Model> load(const fs::path& p, const std::string& dtype = "keep") {
   LoadOptions opts;
@@ -95,6 +100,10 @@ FlatModel flatten(const Model& m, bool from_neox_llama) {
     add(p + "bk", l.bk, false);
     add(p + "bv", l.bv, false);
     add(p + "ffn_norm", l.ffn_norm, false);
+    add(p + "q_norm", l.q_norm, false);
+    add(p + "k_norm", l.k_norm, false);
+    add(p + "post_attn_norm", l.post_attn_norm, false);  // Gemma (HF: 1 + w added on load)
+    add(p + "post_ffn_norm", l.post_ffn_norm, false);
     add(p + "w_gate", weight_to_float(l.w_gate));
     add(p + "w_up", weight_to_float(l.w_up));
     add(p + "w_down", weight_to_float(l.w_down));
@@ -110,6 +119,38 @@ FlatModel rounded(FlatModel f, float (*round)(float), bool vectors = false) {
   for (size_t i = 0; i < f.tensors.size(); ++i) {
     if (!f.is_matrix[i] && !vectors) continue;
     for (float& x : f.tensors[i]) x = round(x);
+  }
+  return f;
+}
+
+// Gemma: a norm the engine reads is 1 + w (added on load from HF), so a BF16/F16 copy of the HF
+// file gives 1 + round(w), w as the F32 file stores it (not round(1 + w)).
+FlatModel gemma_rounded(FlatModel f, const fs::path& hf_f32_file, float (*round)(float)) {
+  const SafetensorsFile st = SafetensorsFile::open(hf_f32_file);
+  auto raw = [&](const std::string& name) {
+    for (const SafetensorsTensor& t : st.tensors())
+      if (t.name == name) return static_cast<const float*>(t.data);
+    ADD_FAILURE() << "no tensor " << name;
+    return static_cast<const float*>(nullptr);
+  };
+  static const std::map<std::string, std::string> kHf = {
+      {"attn_norm", "input_layernorm.weight"},         {"ffn_norm", "pre_feedforward_layernorm.weight"},
+      {"post_attn_norm", "post_attention_layernorm.weight"}, {"post_ffn_norm", "post_feedforward_layernorm.weight"},
+      {"q_norm", "self_attn.q_norm.weight"},           {"k_norm", "self_attn.k_norm.weight"}};
+  for (size_t i = 0; i < f.tensors.size(); ++i) {
+    std::vector<float>& t = f.tensors[i];
+    if (f.is_matrix[i]) {
+      for (float& x : t) x = round(x);
+    } else if (!t.empty()) {  // "layerN.part" or "final_norm"
+      const std::string& n = f.names[i];
+      std::string hf = "model.norm.weight";
+      if (n != "final_norm") {
+        const size_t dot = n.find('.');
+        hf = "model.layers." + n.substr(5, dot - 5) + "." + kHf.at(n.substr(dot + 1));
+      }
+      const float* w = raw(hf);
+      for (size_t k = 0; w && k < t.size(); ++k) t[k] = 1.f + round(w[k]);
+    }
   }
   return f;
 }
@@ -170,12 +211,28 @@ TEST_P(FixtureTest, ConfigMatchesInEveryFormat) {
     EXPECT_EQ(c.tied_embeddings, meta_["tied"]);
     EXPECT_FLOAT_EQ(c.rope_theta, meta_["rope_theta"].get<float>());
     EXPECT_FLOAT_EQ(c.rms_eps, meta_["rms_eps"].get<float>());
-    EXPECT_EQ(c.rope_scaling.type, meta_["rope_scaling"].is_null() ? "none" : "llama3");
+    EXPECT_EQ(c.rope_scaling.type,
+              meta_["rope_scaling"].is_null() ? "none" : meta_["rope_scaling"]["rope_type"].get<std::string>());
     const bool interleaved = key.rfind("gguf", 0) == 0 ? llama() : key.rfind("llama2c", 0) == 0;
     EXPECT_EQ(c.rope_style, interleaved ? RopeStyle::kInterleaved : RopeStyle::kNeox);
     EXPECT_EQ(m->layers.size(), static_cast<size_t>(c.n_layers));
     const bool mistral_hf = key.rfind("hf", 0) == 0 && meta_["hf_arch"] == "MistralForCausalLM";
-    EXPECT_EQ(c.sliding_window, mistral_hf ? 4096 : 0);
+    const std::string arch = meta_["arch"];
+    const bool gemma = arch == "gemma2" || arch == "gemma3";
+    EXPECT_EQ(c.sliding_window, mistral_hf ? 4096 : meta_["sliding_window"].get<int>());
+    if (gemma) {  // the layer pattern (HF's layer_types default, llama.cpp's hard-coded one)
+      std::vector<uint8_t> want(c.n_layers);
+      for (int i = 0; i < c.n_layers; ++i) want[i] = arch == "gemma2" ? i % 2 == 0 : (i + 1) % 6 != 0;
+      EXPECT_EQ(c.local_layers, want);
+      EXPECT_FLOAT_EQ(c.attn_softcap, meta_["attn_softcap"].get<float>());
+      EXPECT_FLOAT_EQ(c.final_softcap, meta_["final_softcap"].get<float>());
+      EXPECT_FLOAT_EQ(attention_scale(c), 1.f / std::sqrt(static_cast<float>(c.head_dim)));
+      EXPECT_FLOAT_EQ(c.rope_local_theta, arch == "gemma3" ? 10000.f : 0.f);
+      EXPECT_TRUE(c.embed_scale && c.sandwich_norms && c.ffn_activation == FfnActivation::kGeluTanh);
+    } else {
+      EXPECT_TRUE(c.local_layers.empty());
+      EXPECT_FALSE(c.embed_scale || c.sandwich_norms || c.attn_softcap > 0 || c.final_softcap > 0);
+    }
     if (c.tied_embeddings) {
       EXPECT_EQ(m->lm_head.data, m->tok_embeddings.data);
     }
@@ -192,8 +249,14 @@ TEST_P(FixtureTest, WeightsAreIdenticalAcrossFormats) {
   if (has("llama2c")) expect_same(flatten(*load(file("llama2c")), false), ref, "llama2.c");
   if (has("llama2c_v1")) expect_same(flatten(*load(file("llama2c_v1")), false), ref, "llama2.c v1");
   if (has("hf_sharded")) expect_same(flatten(*load(file("hf_sharded")), llama()), ref, "hf sharded");
-  if (has("hf_bf16")) expect_same(flatten(*load(file("hf_bf16")), llama()), rounded(ref, via_bf16, true), "hf bf16");
-  if (has("hf_f16")) expect_same(flatten(*load(file("hf_f16")), llama()), rounded(ref, via_f16, true), "hf f16");
+  const bool gemma = meta_["arch"] == "gemma2" || meta_["arch"] == "gemma3";
+  const fs::path hf_f32 = file("hf") / "model.safetensors";
+  if (has("hf_bf16"))
+    expect_same(flatten(*load(file("hf_bf16")), llama()),
+                gemma ? gemma_rounded(ref, hf_f32, via_bf16) : rounded(ref, via_bf16, true), "hf bf16");
+  if (has("hf_f16"))
+    expect_same(flatten(*load(file("hf_f16")), llama()),
+                gemma ? gemma_rounded(ref, hf_f32, via_f16) : rounded(ref, via_f16, true), "hf f16");
 }
 
 TEST_P(FixtureTest, ConversionOnLoadMatchesStoredFiles) {
@@ -224,10 +287,15 @@ TEST_P(FixtureTest, RopeFrequenciesAgreeBetweenGgufAndHf) {
   ASSERT_EQ(fg.size(), fh.size());
   for (size_t i = 0; i < fg.size(); ++i) EXPECT_NEAR(fg[i], fh[i], 2e-7 * fh[i]) << i;
   const double theta = meta_["rope_theta"].get<double>();
-  EXPECT_FLOAT_EQ(fh[0], 1.f);
+  const bool linear = !meta_["rope_scaling"].is_null() && meta_["rope_scaling"]["rope_type"] == "linear";
+  EXPECT_FLOAT_EQ(fh[0], linear ? 1.f / meta_["rope_scaling"]["factor"].get<float>() : 1.f);
   if (meta_["rope_scaling"].is_null()) {
     EXPECT_FLOAT_EQ(fh.back(), static_cast<float>(std::pow(theta, -2.0 * (static_cast<double>(fh.size()) - 1) / g->config.head_dim)));
     EXPECT_TRUE(g->config.rope_freq_factors.empty());
+  } else if (meta_["rope_scaling"]["rope_type"] == "linear") {  // Gemma 3: the global layers'
+    EXPECT_TRUE(g->config.rope_freq_factors.empty());
+    const double base = std::pow(theta, -2.0 * (static_cast<double>(fh.size()) - 1) / g->config.head_dim);
+    EXPECT_NEAR(fh.back(), base / meta_["rope_scaling"]["factor"].get<double>(), 1e-6 * base);
   } else {
     EXPECT_EQ(g->config.rope_freq_factors.size(), fg.size());
     // The lowest frequency is divided by the full factor.
@@ -258,7 +326,8 @@ TEST_P(FixtureTest, ParameterCountAndKvBytes) {
   const ModelConfig& c = m->config;
   const int64_t d = c.dim, q = c.n_heads * c.head_dim, kv = c.n_kv_heads * c.head_dim, ff = c.hidden_dim;
   int64_t expected = c.vocab_size * d * (c.tied_embeddings ? 1 : 2) + d;
-  expected += c.n_layers * (2 * d + d * q * 2 + d * kv * 2 + 3 * d * ff + (c.qkv_bias ? q + 2 * kv : 0));
+  expected += c.n_layers * (2 * d + d * q * 2 + d * kv * 2 + 3 * d * ff + (c.qkv_bias ? q + 2 * kv : 0) +
+                            (c.qk_norm ? 2 * c.head_dim : 0) + (c.sandwich_norms ? 2 * d : 0));
   EXPECT_EQ(parameter_count(*m), expected);
   EXPECT_EQ(c.kv_bytes_per_token(DType::kF16), static_cast<size_t>(2 * c.n_layers * kv * 2));
   EXPECT_EQ(c.kv_bytes_per_token(DType::kF32), static_cast<size_t>(2 * c.n_layers * kv * 4));
@@ -348,8 +417,8 @@ TEST(BadInput, UnsupportedTensorTypeArchitectureAndShape) {
 }
 
 // An HF directory whose config.json is edited by `edit` (weights linked from the fixture).
-fs::path hf_with_config(const std::string& name, void (*edit)(json&)) {
-  const fs::path src = fixtures_dir() / kSmall / "hf";
+fs::path hf_with_config(const std::string& name, void (*edit)(json&), const std::string& fixture = kSmall) {
+  const fs::path src = fixtures_dir() / fixture / "hf";
   const fs::path dir = scratch(name);
   fs::create_directories(dir);
   json config = read_json(src / "config.json");
@@ -358,6 +427,31 @@ fs::path hf_with_config(const std::string& name, void (*edit)(json&)) {
   fs::remove(dir / "model.safetensors");
   fs::create_symlink(src / "model.safetensors", dir / "model.safetensors");
   return dir;
+}
+
+TEST(BadInput, GemmaConfigProblems) {
+  const std::string g3 = "gemma3_hd64_gqa2_w5";
+  expect_error(hf_with_config("g3_vision", [](json& c) { c["architectures"] = {"Gemma3ForConditionalGeneration"}; }, g3),
+               {"config.json", "Gemma3ForConditionalGeneration", "vision tower"});
+  expect_error(hf_with_config("g3_types", [](json& c) { c["layer_types"] = {"sliding_attention"}; }, g3),
+               {"config.json", "layer_types", "array of 6 strings"});
+  expect_error(hf_with_config("g3_kind", [](json& c) {
+                 c["layer_types"] = {"sliding_attention", "sliding_attention", "sliding_attention",
+                                     "sliding_attention", "sliding_attention", "chunked_attention"};
+               }, g3),
+               {"config.json", "layer_types[5]", "chunked_attention"});
+  expect_error(hf_with_config("g3_act", [](json& c) { c["hidden_activation"] = "relu"; }, g3),
+               {"config.json", "hidden_activation", "relu"});
+  expect_error(hf_with_config("g3_rope", [](json& c) {
+                 c["rope_parameters"] = {{"sliding_attention", {{"rope_type", "yarn"}, {"rope_theta", 1e4}}}};
+               }, g3),
+               {"config.json", "sliding_attention.rope_type", "yarn"});
+  expect_error(hf_with_config("g3_window", [](json& c) { c["sliding_window"] = 0; }, g3),
+               {"config.json", "'sliding_window'", "out of range"});
+  expect_error(hf_with_config("g3_cap", [](json& c) { c["attn_logit_softcapping"] = -1.0; }, g3),
+               {"attn_logit_softcapping", "must be finite and >= 0"});
+  expect_error(hf_with_config("g3_bidir", [](json& c) { c["use_bidirectional_attention"] = true; }, g3),
+               {"config.json", "use_bidirectional_attention"});
 }
 
 TEST(BadInput, HfConfigProblems) {

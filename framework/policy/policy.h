@@ -139,6 +139,10 @@ struct LayerStep {
   // The sample's seed (Engine::start_sequence), for randomised policies; the same seed gives the
   // same decisions.
   uint64_t seed = 0;
+  // The layer's kind: 0 for a global layer; W > 0 for a model's sliding-window (local) layer
+  // (Gemma 2/3), whose query at position i reads key position j only if i - j < W whatever the
+  // selection (the engine clips the policy's selection to it). A policy may budget per kind.
+  int64_t sliding_window = 0;
 };
 
 // What attention observed, when PolicyNeeds asked for it.

@@ -107,6 +107,10 @@ std::unique_ptr<Tokenizer> sentencepiece_from_gguf(const GgufFile& gguf) {
     if (id < -1 || id >= static_cast<int64_t>(n))
       fail(name, ": key '", key, "' = ", id, " is outside the vocabulary [0, ", n, ")");
   if (vocab.unk_id < 0) fail(name, ": the vocabulary has no unknown token (SentencePiece needs one)");
+  // The piece unknown_token_id names is the unknown token, whatever its type says: Gemma 3's GGUF
+  // marks <unk> CONTROL (3), and SentencePiece needs exactly one UNKNOWN piece.
+  if (std::count(vocab.types.begin(), vocab.types.end(), SpmPieceType::kUnknown) == 0)
+    vocab.types[vocab.unk_id] = SpmPieceType::kUnknown;
   vocab.add_dummy_prefix = optional_bool(gguf, kKeyAddSpacePrefix, true);
   return sentencepiece_from_vocab(vocab, name, optional_bool(gguf, kKeyAddBos, true));
 }

@@ -232,6 +232,16 @@ void item_key_mass(const AttentionArgs& a, const WorkItem& it, const ItemQueries
   }
 }
 
+// Gemma 2's soft-capping of the tile's scores (rows of kTile, the first n_keys live): s <- c tanh(s / c);
+// masked entries stay -inf.
+void softcap_scores(float* S, int n_queries, int n_keys, float cap) {
+  for (int q = 0; q < n_queries; ++q) {
+    float* row = S + static_cast<size_t>(q) * kTile;
+    for (int j = 0; j < n_keys; ++j)
+      if (row[j] != kNegInf) row[j] = cap * std::tanh(row[j] / cap);
+  }
+}
+
 // One work item of the main pass. With key_mass / head_mass set, the sums go to them directly
 // (`direct`) or into *item_mass.
 void run_item(const AttentionArgs& a, const WorkItem& it, float* lse_all, bool direct,
@@ -250,6 +260,7 @@ void run_item(const AttentionArgs& a, const WorkItem& it, float* lse_all, bool d
   if (mass) { sc.raw_s.clear(); sc.raw_slot.clear(); sc.raw_n.clear(); }
   while (walker.next(t)) {
     tile_scores(iq, t, sc, S, D);
+    if (a.softcap > 0) softcap_scores(S, iq.n, t.n, a.softcap);
     if (mass) {  // keep the raw scores for the column sums (S is overwritten by p below)
       sc.raw_s.insert(sc.raw_s.end(), S, S + static_cast<size_t>(iq.n) * kTile);
       sc.raw_slot.insert(sc.raw_slot.end(), t.slot, t.slot + t.n);

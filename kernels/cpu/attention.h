@@ -5,6 +5,7 @@
 //   J(r, h) = { slot s in the selection of (r, g) : valid(s, g) and position(s, g) <= P_r }
 // (selection == nullptr or selection->all: every slot). With tau = scale:
 //   s_j = tau * q_{r,h} . k_j      (k_j rotated to key_rope_pos[j, g] first when `rope` is set)
+//   s_j <- c * tanh(s_j / c)       with c = softcap > 0 (Gemma 2), else unchanged
 //   LSE = log sum_{j in J} exp(s_j);   p_j = exp(s_j - LSE);   out_{r,h} = sum_j p_j v_j
 // An empty J gives out = 0 and LSE = -inf (never NaN).
 // key_mass (optional) accumulates, for every slot j and KV head g,
@@ -50,6 +51,9 @@ struct AttentionArgs {
   // one row per request, kernels/common/selection.h; the emulator attends request by request).
   int selection_row = 0;
   float scale = 1.f;                     // 1/sqrt(head_dim)
+  // Gemma 2's attention-logit soft-capping: s_j <- softcap * tanh(s_j / softcap) before the
+  // softmax (and in key_mass / head_mass); 0 = none. A scalar pass over each tile's scores.
+  float softcap = 0.f;
   // Rope at read (policies with rope_at_cache_position): keys are stored raw and key (slot s,
   // head g) is rotated to position key_rope_pos[s * n_kv_heads + g] before the dot product.
   const int32_t* key_rope_pos = nullptr;  // [n_slots, n_kv_heads]

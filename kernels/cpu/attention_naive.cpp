@@ -58,7 +58,7 @@ void attention_naive(const AttentionArgs& a) {
             kv.load_value(slots[j], g, vrow.data());
             return static_cast<const float*>(vrow.data());
           },
-          [](int64_t) { return true; });
+          [](int64_t) { return true; }, a.softcap);
       float* out = a.out + (static_cast<size_t>(r) * a.n_heads + h) * D;
       for (int d = 0; d < D; ++d) out[d] = static_cast<float>(ref.out[d]);
       if (a.key_mass != nullptr)

@@ -55,6 +55,7 @@ void window_attention(const AttentionArgs& a, int first_row, float* out) {
         for (; d < D; ++d) part[0] += double(q[d]) * double(k[d]);
         const double dot = ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
         s[j] = dot * a.scale;
+        if (a.softcap > 0) s[j] = a.softcap * std::tanh(s[j] / a.softcap);
         m = std::max(m, s[j]);
       }
       double z = 0;

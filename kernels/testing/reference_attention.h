@@ -7,6 +7,7 @@
 // One query vector q[head_dim] against candidate keys j in [0, n_keys), reading only those with
 // allow(j):
 //   s_j = scale * sum_f q_f k_{j,f}          (in double)
+//   s_j <- softcap * tanh(s_j / softcap)      when softcap > 0 (Gemma 2's attention soft-capping)
 //   m = max_j s_j;  e_j = exp(s_j - m);  z = sum_j e_j  (j ascending);  p_j = e_j / z
 //   out = sum_j p_j v_j  (j ascending, in double);  lse = m + log z
 // A row that may read no key gives p = 0, out = 0 and lse = -inf (never NaN).
@@ -30,7 +31,8 @@ struct ReferenceRow {
 // in ascending j, key before value.
 template <class Q, class KeyFn, class ValueFn, class AllowFn>
 ReferenceRow reference_attention_row(const Q* q, int head_dim, int64_t n_keys, double scale,
-                                     KeyFn&& key, ValueFn&& value, AllowFn&& allow) {
+                                     KeyFn&& key, ValueFn&& value, AllowFn&& allow,
+                                     double softcap = 0) {
   constexpr double kNegInf = -std::numeric_limits<double>::infinity();
   ReferenceRow r;
   r.p.assign(static_cast<size_t>(n_keys), 0.0);
@@ -44,6 +46,7 @@ ReferenceRow reference_attention_row(const Q* q, int head_dim, int64_t n_keys, d
     double dot = 0;
     for (int f = 0; f < head_dim; ++f) dot += static_cast<double>(q[f]) * static_cast<double>(k[f]);
     r.p[j] = dot * scale;
+    if (softcap > 0) r.p[j] = softcap * std::tanh(r.p[j] / softcap);
     if (r.p[j] > m) m = r.p[j];
   }
   if (m == kNegInf) {

@@ -19,6 +19,22 @@ cache, full causal attention over the given tokens at positions 0..n-1):
     logits = (rmsnorm(x) * w_final) W_lm^T                              (W_lm = E when tied)
 rmsnorm(x) = x / sqrt(mean(x^2) + eps). RoPE inverse frequencies theta^(-2i/d), with "linear"
 (divided by factor) and "llama3" scaling (HF's _compute_llama3_parameters).
+
+Gemma2ForCausalLM / Gemma3ForCausalLM (gemma_forward; the math of HF modeling_gemma2.py /
+modeling_gemma3.py, every norm normG(x, w) = rmsnorm(x) * (1 + w)):
+    x = E[tokens] * sqrt(hidden_size)
+    per layer:  h = normG(x, input_layernorm);  q, k, v = h Wq^T, h Wk^T, h Wv^T
+                (Gemma 3: q, k = normG per head with q_norm, k_norm)
+                q, k = rope_rotate_half at the layer kind's base (Gemma 3: sliding layers
+                rope_local_base_freq, unscaled; full layers rope_theta with rope_scaling)
+                s = q k^T * query_pre_attn_scalar^-1/2;  (Gemma 2) s = cap tanh(s / cap)
+                mask: causal, and on sliding layers key j visible from query i iff i - j < window
+                x = x + normG(softmax(s) v Wo^T, post_attention_layernorm)
+                h = normG(x, pre_feedforward_layernorm)
+                x = x + normG((gelu_tanh(h Wg^T) * (h Wu^T)) Wd^T, post_feedforward_layernorm)
+    logits = normG(x, model.norm) E^T;  (final_logit_softcapping) cap tanh(logits / cap)
+Layer kinds: layer_types, else sliding_window_pattern (Gemma 3: 6, layer i full iff
+(i + 1) % 6 == 0; Gemma 2: even layers sliding).
 """
 
 import argparse
@@ -152,6 +168,80 @@ def forward(cfg, w, tokens):
     return x @ lm.T
 
 
+def gelu_tanh(x):
+    return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
+
+
+def gemma_forward(cfg, w, tokens):
+    gemma3 = cfg["architectures"][0] == "Gemma3ForCausalLM"
+    d = cfg["hidden_size"]
+    n_heads = cfg["num_attention_heads"]
+    n_kv = cfg.get("num_key_value_heads", n_heads)
+    hd = cfg.get("head_dim") or d // n_heads
+    eps = cfg.get("rms_norm_eps", 1e-6)
+    group = n_heads // n_kv
+    n_layers = cfg["num_hidden_layers"]
+    window = cfg.get("sliding_window", 4096)
+    kinds = cfg.get("layer_types")
+    if kinds is None:
+        pattern = cfg.get("sliding_window_pattern", 6 if gemma3 else 2)
+        kinds = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(n_layers)]
+    attn_cap = cfg.get("attn_logit_softcapping", None if gemma3 else 50.0)
+    final_cap = cfg.get("final_logit_softcapping", None if gemma3 else 30.0)
+    scale = cfg.get("query_pre_attn_scalar", 256) ** -0.5
+    n = len(tokens)
+    pos = np.arange(n, dtype=np.float64)
+    global_cfg = dict(cfg, rope_theta=cfg.get("rope_theta", 1e6 if gemma3 else 10000.0))
+    local_cfg = dict(cfg, rope_theta=cfg.get("rope_local_base_freq", 10000.0), rope_scaling=None) if gemma3 else global_cfg
+    rot = {}
+    for kind, c in (("full_attention", global_cfg), ("sliding_attention", local_cfg)):
+        ang = np.outer(pos, inv_frequencies(c, hd))
+        rot[kind] = (np.cos(ang), np.sin(ang))
+    i_idx, j_idx = np.arange(n)[:, None], np.arange(n)[None, :]
+    masks = {"full_attention": np.where(j_idx <= i_idx, 0.0, -np.inf),
+             "sliding_attention": np.where((j_idx <= i_idx) & (i_idx - j_idx < window), 0.0, -np.inf)}
+
+    def norm(x, name):
+        return rmsnorm(x, 1.0 + w[name], eps)
+
+    x = w["model.embed_tokens.weight"][np.asarray(tokens)] * math.sqrt(d)
+    for i in range(n_layers):
+        p = f"model.layers.{i}."
+        cos, sin = rot[kinds[i]]
+        h = norm(x, p + "input_layernorm.weight")
+        q = (h @ w[p + "self_attn.q_proj.weight"].T).reshape(n, n_heads, hd)
+        k = (h @ w[p + "self_attn.k_proj.weight"].T).reshape(n, n_kv, hd)
+        v = (h @ w[p + "self_attn.v_proj.weight"].T).reshape(n, n_kv, hd)
+        if gemma3:
+            q = norm(q, p + "self_attn.q_norm.weight")
+            k = norm(k, p + "self_attn.k_norm.weight")
+        q = rope_rotate_half(q, cos, sin)
+        k = rope_rotate_half(k, cos, sin)
+        out = np.empty((n, n_heads, hd))
+        for head in range(n_heads):
+            kv = head // group
+            s = q[:, head, :] @ k[:, kv, :].T * scale
+            if attn_cap:
+                s = attn_cap * np.tanh(s / attn_cap)
+            s = s + masks[kinds[i]]
+            s = np.exp(s - s.max(axis=1, keepdims=True))
+            s /= s.sum(axis=1, keepdims=True)
+            out[:, head, :] = s @ v[:, kv, :]
+        a = out.reshape(n, n_heads * hd) @ w[p + "self_attn.o_proj.weight"].T
+        x = x + norm(a, p + "post_attention_layernorm.weight")
+        h = norm(x, p + "pre_feedforward_layernorm.weight")
+        f = (gelu_tanh(h @ w[p + "mlp.gate_proj.weight"].T) * (h @ w[p + "mlp.up_proj.weight"].T)) @ w[p + "mlp.down_proj.weight"].T
+        x = x + norm(f, p + "post_feedforward_layernorm.weight")
+    x = norm(x, "model.norm.weight")
+    lm = w.get("lm_head.weight")
+    if lm is None or cfg.get("tie_word_embeddings", True):
+        lm = w["model.embed_tokens.weight"]
+    logits = x @ lm.T
+    if final_cap:
+        logits = final_cap * np.tanh(logits / final_cap)
+    return logits
+
+
 def main():
     ap = argparse.ArgumentParser(description="numpy float64 reference forward pass (HF directory)")
     ap.add_argument("--model", required=True, help="Hugging Face model directory")
@@ -163,7 +253,8 @@ def main():
     vocab = cfg["vocab_size"]
     if not tokens or min(tokens) < 0 or max(tokens) >= vocab:
         sys.exit(f"llama_ref.py: token ids must be in [0, {vocab})")
-    logits = forward(cfg, w, tokens)
+    gemma = cfg["architectures"][0] in ("Gemma2ForCausalLM", "Gemma3ForCausalLM")
+    logits = (gemma_forward if gemma else forward)(cfg, w, tokens)
     logits.astype("<f4").tofile(args.out)
 
 

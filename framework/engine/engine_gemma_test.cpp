@@ -1,0 +1,192 @@
+// Gemma 2 / 3 in the engine on tiny random models (make_random_model with the Gemma features:
+// sliding-window layers, per-layer RoPE base, q/k norm, sandwich norms, GeGLU, query_pre_attn
+// scaling, soft-capping). The logits against the independent reference are engine_logits_test's
+// (the Gemma fixtures); here the engine's own consistency:
+//   - a window at least as long as the sequence changes nothing, bit for bit (the clip of the
+//     selection is then a no-op);
+//   - chunked prefill == token-by-token decode with a window shorter than the sequence;
+//   - every built-in policy with its unlimited parameters == no policy (the model's window
+//     composes with the policy's selections and evictions);
+//   - a policy sees each layer's kind (LayerStep::sliding_window);
+//   - the probe's dense reference is the model's: full attention reads everything it allows
+//     (recall 1 on local layers too);
+//   - the device backends refuse the family by name.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "framework/core/error.h"
+#include "framework/engine/engine.h"
+#include "framework/engine/engine_testing.h"
+#include "framework/engine/logit_bound.h"
+#include "framework/engine/random_model.h"
+#include "policies/builtin.h"
+
+namespace kvlab {
+namespace {
+
+constexpr int kVocab = 101;
+
+// Gemma 3's shape at toy size: layers 0, 1, 3 local, 2 global; window w.
+ModelConfig gemma3_config(int window) {
+  ModelConfig c = tiny_llama_config(kVocab, /*max_seq_len=*/256, /*n_heads=*/4, /*n_kv_heads=*/2,
+                                    /*head_dim=*/24);  // head_dim != dim / n_heads
+  c.arch = "gemma3";
+  c.n_layers = 4;
+  c.rope_style = RopeStyle::kNeox;
+  c.tied_embeddings = true;
+  c.qk_norm = true;
+  c.embed_scale = true;
+  c.sandwich_norms = true;
+  c.ffn_activation = FfnActivation::kGeluTanh;
+  c.query_scale = 1.f / std::sqrt(20.f);  // query_pre_attn_scalar 20 != head_dim
+  c.rope_theta = 1e6f;
+  c.rope_local_theta = 1e4f;
+  c.sliding_window = window;
+  c.local_layers = {1, 1, 0, 1};
+  return c;
+}
+
+// Gemma 2's: even layers local, soft-capping small enough to bend the random model's scores.
+ModelConfig gemma2_config(int window) {
+  ModelConfig c = gemma3_config(window);
+  c.arch = "gemma2";
+  c.qk_norm = false;
+  c.rope_local_theta = 0;
+  c.rope_theta = 10000;
+  c.local_layers = {1, 0, 1, 0};
+  c.attn_softcap = 1.5f;
+  c.final_softcap = 4.f;
+  return c;
+}
+
+std::vector<float> run(const Model& m, std::unique_ptr<AttentionPolicy> policy, int n_prompt, int n_decode,
+                       int chunk = 16) {
+  EngineOptions o{.threads = 1, .block_size_tokens = 8, .prefill_chunk_tokens = chunk};
+  Engine e(m, o);
+  const auto tokens = random_tokens(n_prompt + n_decode, kVocab, 7);
+  SeqId s = e.start_sequence(std::move(policy));
+  std::vector<float> all, lg;
+  EXPECT_EQ(e.prefill(s, std::span(tokens).first(n_prompt), lg, true, /*prompt_end=*/true), StepStatus::kOk);
+  all = lg;
+  for (int i = n_prompt; i < n_prompt + n_decode; ++i) {
+    EXPECT_EQ(e.decode(std::span(&s, 1), std::span(&tokens[i], 1), lg), StepStatus::kOk);
+    all.insert(all.end(), lg.begin(), lg.end());
+  }
+  for (float v : all) EXPECT_TRUE(std::isfinite(v));
+  return all;
+}
+
+float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  float d = 0;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) d = std::max(d, std::fabs(a[i] - b[i]));
+  return d;
+}
+
+TEST(EngineGemma, WindowLongerThanTheSequenceChangesNothing) {
+  for (bool g2 : {false, true}) {
+    SCOPED_TRACE(g2 ? "gemma2" : "gemma3");
+    ModelConfig windowed = g2 ? gemma2_config(60) : gemma3_config(60);
+    ModelConfig global = windowed;
+    global.local_layers.clear();  // every layer global (Gemma 3: the global RoPE everywhere)
+    windowed.rope_local_theta = 0;
+    auto a = make_random_model(windowed, DType::kF32, 11), b = make_random_model(global, DType::kF32, 11);
+    EXPECT_EQ(max_abs_diff(run(*a, nullptr, 40, 20), run(*b, nullptr, 40, 20)), 0.f);
+  }
+}
+
+TEST(EngineGemma, ShortWindowChangesTheLogits) {  // the window is applied at all
+  ModelConfig windowed = gemma3_config(5);
+  ModelConfig global = windowed;
+  global.local_layers.clear();
+  windowed.rope_local_theta = 0;
+  auto a = make_random_model(windowed, DType::kF32, 11), b = make_random_model(global, DType::kF32, 11);
+  // past position 5 the local layers read fewer keys: far more than rounding apart
+  EXPECT_GT(max_abs_diff(run(*a, nullptr, 40, 0), run(*b, nullptr, 40, 0)), 100 * logit_bound(*a, 40));
+}
+
+TEST(EngineGemma, PrefillEqualsDecodeWithAShortWindow) {
+  for (bool g2 : {false, true}) {
+    SCOPED_TRACE(g2 ? "gemma2" : "gemma3");
+    auto m = make_random_model(g2 ? gemma2_config(5) : gemma3_config(5), DType::kF32, 12);
+    const int n = 48;
+    const auto prefill = run(*m, nullptr, n, 0, /*chunk=*/7);  // chunks straddle the window
+    // decode: the first token by a one-row prefill, then one at a time
+    auto decoded = run(*m, nullptr, 1, n - 1);
+    // prefill (sgemm, multi-row attention) and decode (matvec) round differently: two passes
+    EXPECT_LE(max_abs_diff(prefill, decoded), 2 * logit_bound(*m, n));
+  }
+}
+
+TEST(EngineGemma, EveryPolicyUnlimitedEqualsFull) {
+  PolicyRegistry registry = make_builtin_registry();
+  for (bool g2 : {false, true}) {
+    const ModelConfig c = g2 ? gemma2_config(6) : gemma3_config(6);
+    auto m = make_random_model(c, DType::kF32, 13);
+    const auto full = run(*m, nullptr, 30, 20);
+    const double bound = 2 * logit_bound(*m, 50);  // explicit selections sum in another order
+    for (const std::string& name : registry.names()) {
+      SCOPED_TRACE(std::string(g2 ? "gemma2 " : "gemma3 ") + name);
+      const auto params = registry.at(name).unlimited_params();
+      if (!params) continue;
+      const float d = max_abs_diff(run(*m, registry.create(name, *params, policy_shape(c)), 30, 20), full);
+      EXPECT_LE(d, bound);
+    }
+  }
+}
+
+// Records LayerStep::sliding_window per layer.
+class KindPolicy final : public AttentionPolicy {
+ public:
+  explicit KindPolicy(std::vector<int64_t>& seen) : seen_(seen) {}
+  void select(const LayerStep& step, KeySelection&) override {
+    if (static_cast<int>(seen_.size()) <= step.layer) seen_.resize(step.layer + 1, -1);
+    seen_[step.layer] = step.sliding_window;
+  }
+  void reset() override {}
+
+ private:
+  std::vector<int64_t>& seen_;
+};
+
+TEST(EngineGemma, PoliciesSeeTheLayerKind) {
+  const ModelConfig c = gemma3_config(6);
+  auto m = make_random_model(c, DType::kF32, 14);
+  std::vector<int64_t> seen;
+  run(*m, std::make_unique<KindPolicy>(seen), 10, 2);
+  EXPECT_EQ(seen, (std::vector<int64_t>{6, 6, 0, 6}));
+}
+
+TEST(EngineGemma, ProbeReferenceIsTheWindowedModel) {
+  const ModelConfig c = gemma2_config(5);
+  auto m = make_random_model(c, DType::kF32, 15);
+  EngineOptions o{.threads = 1, .block_size_tokens = 8};
+  o.probe = true;
+  o.probe_layers = {0, 1, 2, 3};
+  Engine e(*m, o);
+  const auto tokens = random_tokens(30, kVocab, 8);
+  SeqId s = e.start_sequence();
+  std::vector<float> lg;
+  ASSERT_EQ(e.prefill(s, std::span(tokens).first(10), lg), StepStatus::kOk);
+  for (int i = 10; i < 30; ++i) ASSERT_EQ(e.decode(std::span(&s, 1), std::span(&tokens[i], 1), lg), StepStatus::kOk);
+  const SequenceStats st = e.sequence_stats(s);
+  ASSERT_GT(st.probe_samples, 0);
+  // full attention reads every key the model allows: recall 1 up to double rounding of sum p
+  EXPECT_GE(st.probe_recall_min, 1 - 1e-9);
+}
+
+TEST(EngineGemma, DevicesRefuseTheFamily) {
+  auto m = make_random_model(gemma3_config(6), DType::kF32, 16);
+  EngineOptions o{.threads = 1};
+  o.device = Device::kEmulated;
+  try {
+    Engine e(*m, o);
+    FAIL() << "expected an error";
+  } catch (const Error& err) {
+    EXPECT_NE(std::string(err.what()).find("sliding-window layers"), std::string::npos) << err.what();
+  }
+}
+
+}  // namespace
+}  // namespace kvlab
