@@ -193,9 +193,13 @@ def main():
                     os.path.join(ROOT, "scripts/torture_shim.c"), "-ldl"], check=True)
     run_cmd = lambda out: [kvlab, "run", exp, "-o", out, "--threads", "1"]
     log = open(os.path.join(work, "kvlab.log"), "w")
+    # A sanitizer build (scripts/sanitize.sh) refuses to start unless its runtime is the first
+    # library loaded ("ASan runtime does not come first"): preload it ahead of the shim.
+    ldd = subprocess.run(["ldd", kvlab], capture_output=True, text=True).stdout
+    preload = re.findall(r"^\s*\S*lib[at]san\.so\S*\s+=>\s+(\S+)", ldd, re.M) + [shim]
 
     def shim_env(kill_at, count_file=None):
-        env = dict(os.environ, LD_PRELOAD=shim, KVLAB_TORTURE_DIR=out_dir,
+        env = dict(os.environ, LD_PRELOAD=":".join(preload), KVLAB_TORTURE_DIR=out_dir,
                    KVLAB_TORTURE_KILL_AT=str(kill_at))
         if count_file:
             env["KVLAB_TORTURE_COUNT_FILE"] = count_file
