@@ -1,7 +1,9 @@
 // One budget convention for every evicting or selecting policy (POLICIES.md 9).
 //
-// `compression_ratio` r is kvpress's: the fraction of the context removed, so n tokens keep
-// n - floor(r * n) (r = 0 keeps everything); `budget_tokens` B > 0 says the same as a count
+// `compression_ratio` r means what it means in kvpress: the fraction of the context removed; n
+// tokens keep n - floor(r * n) (POLICIES.md 9; r = 0 keeps everything). kvpress 0.5.5 itself keeps
+// int(n * (1 - r)), one token fewer when r * n is not whole (docs/models/peer.md). `budget_tokens`
+// B > 0 says the same as a count
 // (keep min(n, B)). At most one of the two may be set. For decode-time policies in a streaming
 // run, n is the number of tokens seen so far (kvlab choice, as H2O's ratio budgets). Whatever a
 // policy protects on top of its scores (sinks, an observation window, recent tokens) counts
