@@ -37,4 +37,9 @@ ParamSpecs budget_param_specs(double default_ratio) {
   };
 }
 
+ParamSpecs with_budget_params(ParamSpecs specs, double default_ratio) {
+  for (ParamSpec& s : budget_param_specs(default_ratio)) specs.push_back(std::move(s));
+  return specs;
+}
+
 }  // namespace kvlab

@@ -32,5 +32,7 @@ struct TokenBudget {
 // {compression_ratio (float in [0, 1), default `default_ratio`), budget_tokens (int >= 0,
 // default 0 = unset)}. Append them to a policy's own specs.
 ParamSpecs budget_param_specs(double default_ratio = 0.0);
+// `specs` followed by budget_param_specs(default_ratio).
+ParamSpecs with_budget_params(ParamSpecs specs, double default_ratio = 0.0);
 
 }  // namespace kvlab

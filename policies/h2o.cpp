@@ -100,10 +100,9 @@ std::unique_ptr<PolicyFactory> make_h2o_factory() {
   d.keep = 0.1;
   d.units = "ratio";
   ParamSpecs specs = scorer_param_specs(d);
-  for (ParamSpec& s : budget_param_specs(0.0)) specs.push_back(std::move(s));
   return std::make_unique<SimplePolicyFactory>(
       "h2o", "heavy hitters (accumulated attention mass) + recent tokens, evicted after each step",
-      std::move(specs), [d](const ParamValues& p, const PolicyModelShape&) -> std::unique_ptr<AttentionPolicy> {
+      with_budget_params(std::move(specs)), [d](const ParamValues& p, const PolicyModelShape&) -> std::unique_ptr<AttentionPolicy> {
         const TokenBudget b = TokenBudget::from_params(p);
         if (!b.limited()) return std::make_unique<H2oPolicy>(ScorerBudget::from_params(p, "heavy"));
         // The one convention (POLICIES.md 9): kept(n_seen) tokens in all, sinks inside, the

@@ -370,10 +370,9 @@ std::unique_ptr<PolicyFactory> make_landmark_factory() {
        "dense: prefill chunks read everything; select: select per row", std::nullopt,
        std::nullopt, {"dense", "select"}},
   };
-  for (ParamSpec& b : budget_param_specs()) specs.push_back(std::move(b));
   return std::make_unique<SimplePolicyFactory>(
       "landmark", "HiLS-style chunk selection: sinks + local window + top-K chunks by landmark",
-      std::move(specs),
+      with_budget_params(std::move(specs)),
       [](const ParamValues& p, const PolicyModelShape& shape) {
         const ResolvedSizes z = resolve_sizes(p, shape);
         LandmarkConfig c;

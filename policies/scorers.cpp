@@ -38,7 +38,7 @@ std::unique_ptr<AttentionPolicy> make_uniform_scorer_policy(const ScorerEntry& e
 }
 
 ParamSpecs with_budget(ParamSpecs specs, const std::string& compress_default) {
-  for (ParamSpec& s : budget_param_specs(0.0)) specs.push_back(std::move(s));
+  specs = with_budget_params(std::move(specs));
   specs.push_back(compress_param_spec(compress_default));
   return specs;
 }

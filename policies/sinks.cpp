@@ -109,10 +109,9 @@ std::unique_ptr<PolicyFactory> make_sinks_factory() {
        "cache: rotate keys by their rank in the cache (StreamingLLM); original: text positions",
        std::nullopt, std::nullopt, {"cache", "original"}},
   };
-  for (ParamSpec& b : budget_param_specs()) specs.push_back(std::move(b));
   return std::make_unique<SimplePolicyFactory>(
       "sinks", "StreamingLLM: S attention sinks + R recent tokens, evicted after each step",
-      std::move(specs), [](const ParamValues& p, const PolicyModelShape&) {
+      with_budget_params(std::move(specs)), [](const ParamValues& p, const PolicyModelShape&) {
         const TokenBudget budget = TokenBudget::from_params(p);
         const int64_t sinks = p.get_int("sinks");
         if (budget.limited() && p.get_int("recent") != kDefaultRecent)

@@ -103,10 +103,9 @@ std::unique_ptr<PolicyFactory> make_sliding_window_factory() {
        "evict = drop keys that left the window (rolling buffer); mask = keep them, select",
        std::nullopt, std::nullopt, {"evict", "mask"}},
   };
-  for (ParamSpec& b : budget_param_specs()) specs.push_back(std::move(b));
   return std::make_unique<SimplePolicyFactory>(
       "sliding_window", "the W most recent keys (sliding window; evicts or masks)",
-      std::move(specs), [](const ParamValues& p, const PolicyModelShape&) {
+      with_budget_params(std::move(specs)), [](const ParamValues& p, const PolicyModelShape&) {
         const TokenBudget budget = TokenBudget::from_params(p);
         if (budget.limited() && (p.get_int("window") != kDefaultWindow || p.get_bool("plus_one")))
           fail("compression_ratio / budget_tokens give the window's size (kept(n) keys, the current "

@@ -131,6 +131,18 @@ std::vector<std::string> child_names(const H5::Group& g) {
   return out;
 }
 
+// Calls fn(run, cells, name) for each cell `name` of the group `cells` of every run that has one.
+template <class Fn>
+void for_each_cell(H5::H5File& f, Fn&& fn) {
+  H5::Group runs = f.openGroup("runs");
+  for (const auto& run : child_names(runs)) {
+    H5::Group r = runs.openGroup(run);
+    if (!r.nameExists("cells")) continue;
+    H5::Group cells = r.openGroup("cells");
+    for (const auto& name : child_names(cells)) fn(run, cells, name);
+  }
+}
+
 H5::Group ensure_group(H5::Group& parent, const std::string& name) {
   if (parent.nameExists(name)) return parent.openGroup(name);
   return parent.createGroup(name);
@@ -353,30 +365,20 @@ int ResultsFile::delete_incomplete_cells() {
   // whole); older builds' files may. Look first, so a clean file is not rewritten.
   const bool any = guarded(path_, "looking for interrupted cells", [&] {
     H5::H5File f = open_file(path_, H5F_ACC_RDONLY);
-    H5::Group runs = f.openGroup("runs");
-    for (const auto& run : child_names(runs)) {
-      H5::Group r = runs.openGroup(run);
-      if (!r.nameExists("cells")) continue;
-      H5::Group cells = r.openGroup("cells");
-      for (const auto& name : child_names(cells))
-        if (!group_complete(cells.openGroup(name))) return true;
-    }
-    return false;
+    bool incomplete = false;
+    for_each_cell(f, [&](const std::string&, H5::Group& cells, const std::string& name) {
+      incomplete = incomplete || !group_complete(cells.openGroup(name));
+    });
+    return incomplete;
   });
   if (!any) return 0;
   int deleted = 0;
   replace_file(path_, "deleting interrupted cells", false, [&](H5::H5File& f) {
-    H5::Group runs = f.openGroup("runs");
-    for (const auto& run : child_names(runs)) {
-      H5::Group r = runs.openGroup(run);
-      if (!r.nameExists("cells")) continue;
-      H5::Group cells = r.openGroup("cells");
-      for (const auto& name : child_names(cells))
-        if (!group_complete(cells.openGroup(name))) {
-          cells.unlink(name);
-          ++deleted;
-        }
-    }
+    for_each_cell(f, [&](const std::string&, H5::Group& cells, const std::string& name) {
+      if (group_complete(cells.openGroup(name))) return;
+      cells.unlink(name);
+      ++deleted;
+    });
   });
   return deleted;
 }
