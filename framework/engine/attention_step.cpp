@@ -49,6 +49,29 @@ void clip_to_window(const LayerKv& kv, std::span<const int64_t> positions, int64
   std::swap(sel, scratch);
 }
 
+
+// After a step of a local layer (window W) whose last row sits at position p, no later query
+// (position p + 1 or beyond) reads a key at position <= p + 1 - W: such tokens leave the store,
+// so a local layer holds at most W tokens per KV head whatever the policy keeps (Gemma 2/3's
+// rolling window, as llama.cpp's and vLLM's hybrid caches do). Appended to `ev` (the policy's
+// own evictions), every slot at most once: the out-of-window slots of a head are a prefix in
+// slot order (positions are non-decreasing in the slot: policy.h's order contract).
+void evict_out_of_window(const LayerKv& kv, int64_t last_position, int64_t window, Evictions& ev,
+                         std::vector<int32_t>& listed) {
+  const int nkv = kv.view.num_kv_heads;
+  const int64_t oldest_needed = last_position + 2 - window;
+  for (int h = 0; h < nkv; ++h) {
+    std::vector<int32_t>& out = ev.slots[static_cast<size_t>(h)];
+    listed.assign(out.begin(), out.end());
+    std::sort(listed.begin(), listed.end());
+    for (int32_t slot = 0; slot < kv.n_slots; ++slot) {
+      const size_t cell = static_cast<size_t>(slot) * nkv + h;
+      if (kv.positions[cell] >= oldest_needed) break;
+      if (kv.valid[cell] && !std::binary_search(listed.begin(), listed.end(), slot)) out.push_back(slot);
+    }
+  }
+}
+
 }  // namespace
 
 bool AttentionStep::wants_output(const Sequence& s) const {
@@ -112,7 +135,17 @@ bool AttentionStep::finish(Group& g, int layer, const float* out) {
   Sequence& s = *g.seq;
   const LayerKv kv = store_.layer(s.id, layer);
   for (StepObserver* o : observers_) o->attended(g, layer, kv, out);
-  if (!s.policy) return false;
+  evictions_.clear(c_.n_kv_heads);
+  if (s.policy) observe_and_evict(g, layer, kv);
+  if (g.step.sliding_window > 0)
+    evict_out_of_window(kv, g.positions.back(), g.step.sliding_window, evictions_, listed_);
+  if (evictions_.empty()) return false;
+  store_.evict(s.id, layer, evictions_);
+  return true;
+}
+
+void AttentionStep::observe_and_evict(Group& g, int layer, const LayerKv& kv) {
+  Sequence& s = *g.seq;
   StepStats stats;
   stats.n_slots = kv.n_slots;
   if (s.needs.key_attention_mass) stats.key_mass = s.key_mass;
@@ -131,11 +164,7 @@ bool AttentionStep::finish(Group& g, int layer, const float* out) {
     stats.window_attention = s.window_attention;
     stats.window_rows = s.window_rows;
   }
-  evictions_.clear(c_.n_kv_heads);
   s.policy->after_attention(g.step, stats, evictions_);
-  if (evictions_.empty()) return false;
-  store_.evict(s.id, layer, evictions_);
-  return true;
 }
 
 }  // namespace kvlab::engine_detail

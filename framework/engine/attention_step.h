@@ -5,7 +5,9 @@
 //            k, v to the store, the policy's selection (on a model's sliding-window layer
 //            clipped to the window), the rope-at-read ranks, a zeroed key mass
 //   attend   the backend (cpu_backend.cpp: kernels/cpu; device_backend.cpp: launches)
-//   finish   the observers (probes, budget accounting), policy.after_attention, store.evict
+//   finish   the observers (probes, budget accounting), policy.after_attention, plus on a
+//            local layer every token no later query can read (the layer keeps its window
+//            only), store.evict
 // Observers see every step without the pipeline knowing what they compute
 // (step_observers.h: ProbeObserver, BudgetObserver).
 #pragma once
@@ -44,11 +46,15 @@ class AttentionStep {
   // q [n_rows, n_heads, hd] (rotated in place to the cache rank for rope_at_cache_position
   // policies), k and v [n_rows, n_kv, hd]: the projections of the group's rows.
   void prepare(Group& g, int layer, float* q, const float* k, const float* v);
-  // out [n_rows, n_heads, hd]: the attention output of the group's rows. True when the policy
-  // evicted something (the layer's slot metadata changed).
+  // out [n_rows, n_heads, hd]: the attention output of the group's rows. True when something
+  // was evicted (the policy's choice or a local layer's out-of-window tokens: the layer's slot
+  // metadata changed).
   bool finish(Group& g, int layer, const float* out);
 
  private:
+  // The policy's StepStats (key mass, observation window) and its after_attention into evictions_.
+  void observe_and_evict(Group& g, int layer, const LayerKv& kv);
+
   const ModelConfig& c_;
   KvStore& store_;
   const LayerRopes& rope_;
@@ -57,6 +63,7 @@ class AttentionStep {
   std::vector<int64_t> resident_before_;  // [n_kv_heads]
   KeySelection clipped_;                  // a local layer's selection clipped to the window
   std::vector<int32_t> first_in_window_;  // [n_rows, n_kv_heads]
+  std::vector<int32_t> listed_;           // a head's policy evictions, sorted (scratch)
 };
 
 }  // namespace kvlab::engine_detail

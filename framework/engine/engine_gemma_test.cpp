@@ -8,6 +8,8 @@
 //   - every built-in policy with its unlimited parameters == no policy (the model's window
 //     composes with the policy's selections and evictions);
 //   - a policy sees each layer's kind (LayerStep::sliding_window);
+//   - a local layer keeps only its window in the store (W - 1 tokens between steps), alone and
+//     under a policy's own budget;
 //   - the probe's dense reference is the model's: full attention reads everything it allows
 //     (recall 1 on local layers too);
 //   - the device backends refuse the family by name.
@@ -156,6 +158,48 @@ TEST(EngineGemma, PoliciesSeeTheLayerKind) {
   std::vector<int64_t> seen;
   run(*m, std::make_unique<KindPolicy>(seen), 10, 2);
   EXPECT_EQ(seen, (std::vector<int64_t>{6, 6, 0, 6}));
+}
+
+// Tokens of (layer, KV head) resident after a prefill that ended the prompt, and block-table
+// entries after `n_decode` more decode steps.
+struct Resident {
+  std::vector<int64_t> at_prompt_end;
+  int64_t blocks_after_decode = 0;
+};
+
+Resident resident(const Model& m, std::unique_ptr<AttentionPolicy> policy, int n_prompt, int n_decode) {
+  EngineOptions o{.threads = 1, .block_size_tokens = 8, .prefill_chunk_tokens = 7};
+  Engine e(m, o);
+  const auto tokens = random_tokens(n_prompt + n_decode, kVocab, 9);
+  SeqId s = e.start_sequence(std::move(policy));
+  std::vector<float> lg;
+  EXPECT_EQ(e.prefill(s, std::span(tokens).first(n_prompt), lg, false, /*prompt_end=*/true), StepStatus::kOk);
+  Resident r;
+  r.at_prompt_end = e.sequence_stats(s).resident_at_prompt_end;
+  for (int i = n_prompt; i < n_prompt + n_decode; ++i)
+    EXPECT_EQ(e.decode(std::span(&s, 1), std::span(&tokens[i], 1), lg), StepStatus::kOk);
+  r.blocks_after_decode = e.sequence_stats(s).blocks_current;
+  return r;
+}
+
+TEST(EngineGemma, LocalLayersKeepOnlyTheirWindow) {
+  constexpr int kWindow = 5, kPrompt = 40, kDecode = 20;
+  const ModelConfig c = gemma3_config(kWindow);  // layers 0, 1, 3 local, 2 global; 2 KV heads
+  auto m = make_random_model(c, DType::kF32, 17);
+  // The next query (position p + 1) reads positions > p + 1 - W: W - 1 tokens stay on a local
+  // layer, every token on the global one.
+  const std::vector<int64_t> kept = {4, 4, 4, 4, kPrompt, kPrompt, 4, 4};
+  const Resident alone = resident(*m, nullptr, kPrompt, kDecode);
+  EXPECT_EQ(alone.at_prompt_end, kept);
+  // After 60 tokens the global layer holds ceil(60 / 8) = 8 blocks; a local layer's 4 live
+  // tokens sit in at most 3 blocks (holes up to one block before compaction, plus the partly
+  // filled last block), where it held 8 before: at most 8 + 3 x 3 blocks in all.
+  EXPECT_LE(alone.blocks_after_decode, 8 + 3 * 3);
+  // A policy's budget composes: h2o keeps 10 of the global layer, the window 4 of each local one.
+  PolicyRegistry registry = make_builtin_registry();
+  const Resident h2o = resident(*m, registry.create("h2o", {{"budget_tokens", ParamValue(int64_t(10))}}, policy_shape(c)),
+                                kPrompt, kDecode);
+  EXPECT_EQ(h2o.at_prompt_end, (std::vector<int64_t>{4, 4, 4, 4, 10, 10, 4, 4}));
 }
 
 TEST(EngineGemma, ProbeReferenceIsTheWindowedModel) {
