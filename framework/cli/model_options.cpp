@@ -5,6 +5,7 @@
 #include "framework/model/model_registry.h"
 
 #include <cmath>
+#include <cstdlib>
 #include <string>
 
 namespace kvlab::cli {
@@ -22,7 +23,9 @@ void add_model_options(po::options_description& desc) {
        "cuda: bf16 | f32 (weights, KV pages and GEMM inputs on the GPU)")
       ("kv-format", po::value<std::string>()->default_value("f32"),
        "host KV store format: f32 (exact) | bf16 | f16 | int8 | fp8_e4m3 | fp8_e5m2 | int4 | int2 (KIVI; cpu device only)")
-      ("kv-fp8-scale", po::value<float>()->default_value(1.f), "fp8 KV formats: the scale of every (layer, KV head)")
+      ("kv-fp8-scale", po::value<std::string>()->default_value("1"),
+       "fp8 KV formats: the scale of every (layer, KV head), or 'prompt': per sequence, max |x| / the "
+       "format's largest value over its first prefill chunk (vLLM's first-pass scales)")
       ("kv-group-size", po::value<int>()->default_value(32), "int4 / int2: KIVI group size G (divides head_dim; divides or is a multiple of the block size 16)")
       ("kv-residual", po::value<int>()->default_value(128), "int4 / int2: the R newest tokens kept fp32 (a multiple of G)");
 }
@@ -33,9 +36,15 @@ void apply_device_options(const po::variables_map& vm, EngineOptions& opts) {
   const std::string kv_format = vm["kv-format"].as<std::string>();
   if (!parse_kv_format(kv_format, &opts.kv_format))
     fail("--kv-format: unknown KV format '", kv_format, "' (valid: ", kv_format_names(), ")");
-  opts.kv_fp8_scale = vm["kv-fp8-scale"].as<float>();
-  if (!(opts.kv_fp8_scale > 0.f && std::isfinite(opts.kv_fp8_scale)))
-    fail("--kv-fp8-scale: expected a positive finite number, got ", opts.kv_fp8_scale);
+  const std::string fp8_scale = vm["kv-fp8-scale"].as<std::string>();
+  if (fp8_scale == "prompt") {
+    opts.kv_fp8_scale_from_prompt = true;
+  } else {
+    char* end = nullptr;
+    opts.kv_fp8_scale = std::strtof(fp8_scale.c_str(), &end);
+    if (fp8_scale.empty() || *end != '\0' || !(opts.kv_fp8_scale > 0.f && std::isfinite(opts.kv_fp8_scale)))
+      fail("--kv-fp8-scale: expected a positive finite number or 'prompt', got '", fp8_scale, "'");
+  }
   opts.kv_group_size = vm["kv-group-size"].as<int>();
   opts.kv_residual = vm["kv-residual"].as<int>();
   if (opts.device != Device::kCpu && opts.kv_format != KvFormat::kF32)

@@ -72,6 +72,18 @@ void evict_out_of_window(const LayerKv& kv, int64_t last_position, int64_t windo
   }
 }
 
+// x [n_rows, n_kv, hd]: per KV head max |x| / fp8_max, or 1 where the rows are all zero.
+void fp8_scales_of_rows(const float* x, int n_rows, int n_kv, int hd, float fp8_max, float* scales) {
+  for (int h = 0; h < n_kv; ++h) {
+    float amax = 0.f;
+    for (int r = 0; r < n_rows; ++r) {
+      const float* row = x + (static_cast<size_t>(r) * n_kv + h) * hd;
+      for (int d = 0; d < hd; ++d) amax = std::max(amax, std::fabs(row[d]));
+    }
+    scales[h] = amax > 0.f && std::isfinite(amax) ? amax / fp8_max : 1.f;  // inf: append names it
+  }
+}
+
 }  // namespace
 
 bool AttentionStep::wants_output(const Sequence& s) const {
@@ -92,6 +104,14 @@ void AttentionStep::prepare(Group& g, int layer, float* q, const float* k, const
     for (int r = 0; r < g.n_rows; ++r)
       for (int hq = 0; hq < nh; ++hq)
         rope_[layer].rotate(q + static_cast<size_t>(r) * qd + hq * hd, resident_before_[hq / group] + r);
+  }
+  if (fp8_from_prompt_ && store_.n_slots(s.id, layer) == 0) {  // the sequence's first rows
+    const float fp8_max = kv_fp8_max(store_.config().format);
+    scale_k_.resize(nkv);
+    scale_v_.resize(nkv);
+    fp8_scales_of_rows(k, g.n_rows, nkv, hd, fp8_max, scale_k_.data());
+    fp8_scales_of_rows(v, g.n_rows, nkv, hd, fp8_max, scale_v_.data());
+    store_.set_sequence_fp8_scales(s.id, layer, scale_k_.data(), scale_v_.data());
   }
   for (int r = 0; r < g.n_rows; ++r)
     store_.append(s.id, layer, g.positions[r], k + static_cast<size_t>(r) * kvd, v + static_cast<size_t>(r) * kvd);

@@ -38,8 +38,9 @@ class StepObserver {
 
 class AttentionStep {
  public:
-  AttentionStep(const ModelConfig& config, KvStore& store, const LayerRopes& rope)
-      : c_(config), store_(store), rope_(rope) {}
+  // fp8_from_prompt: EngineOptions::kv_fp8_scale_from_prompt (an fp8 store).
+  AttentionStep(const ModelConfig& config, KvStore& store, const LayerRopes& rope, bool fp8_from_prompt = false)
+      : c_(config), store_(store), rope_(rope), fp8_from_prompt_(fp8_from_prompt) {}
   void add_observer(StepObserver* observer) { observers_.push_back(observer); }
   bool wants_output(const Sequence& s) const;
 
@@ -58,6 +59,8 @@ class AttentionStep {
   const ModelConfig& c_;
   KvStore& store_;
   const LayerRopes& rope_;
+  const bool fp8_from_prompt_;
+  std::vector<float> scale_k_, scale_v_;  // [n_kv_heads] a sequence's fp8 scales (scratch)
   std::vector<StepObserver*> observers_;
   Evictions evictions_;
   std::vector<int64_t> resident_before_;  // [n_kv_heads]

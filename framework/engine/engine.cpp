@@ -132,7 +132,8 @@ Engine::Engine(const Model& model, const EngineOptions& opts)
 
   store_ = std::make_unique<KvStore>(store_config(c, opts_));
   rope_ = engine_detail::LayerRopes(c, kMaxRopeTablePositions);
-  step_ = std::make_unique<engine_detail::AttentionStep>(c, *store_, rope_);
+  step_ = std::make_unique<engine_detail::AttentionStep>(
+      c, *store_, rope_, opts_.kv_fp8_scale_from_prompt && kv_format_has_head_scale(opts_.kv_format));
   budget_ = std::make_unique<BudgetObserver>();
   step_->add_observer(budget_.get());
   if (opts_.probe) {

@@ -73,6 +73,11 @@ struct EngineOptions {
   // kCpu is an Error at construction.
   KvFormat kv_format = KvFormat::kF32;
   float kv_fp8_scale = 1.f;      // fp8 formats: the scale of every (layer, KV head)
+  // fp8 formats: instead, each sequence's scale of (layer, KV head), K and V apart, is
+  // max |x| / the format's largest value over the rows of its first forward call (the prompt's
+  // first prefill chunk), as vLLM's calculate_kv_scales takes them from the first forward pass;
+  // later rows past that range saturate. A fork keeps its parent's.
+  bool kv_fp8_scale_from_prompt = false;
   int kv_group_size = 32;        // int4 / int2 (KIVI): G and R (KvStoreConfig)
   int kv_residual = 128;
   int max_batch = 1;             // sizes the default KV budget (decode takes any batch size)

@@ -75,7 +75,17 @@ void parse_kv(const Reader& r, const YAML::Node& node, KvSpec& kv) {
     }
     kv.format_ref = r.ref(node["format"], "kv.format");
   }
-  if (node["fp8_scale"]) kv.fp8_scale = r.get_number(node["fp8_scale"], "kv.fp8_scale", 1e-30, 1e30);
+  if (const YAML::Node scale = node["fp8_scale"]) {  // a number, or "prompt"
+    const std::string word = scale.IsScalar() ? scale.Scalar() : std::string();
+    char* end = nullptr;
+    const bool number = !word.empty() && (std::strtod(word.c_str(), &end), *end == '\0');
+    if (word == "prompt")
+      kv.fp8_scale_from_prompt = true;
+    else if (scale.IsScalar() && !number)
+      r.error(scale, "kv.fp8_scale", "expected a positive number or 'prompt', got '", word, "'");
+    else
+      kv.fp8_scale = r.get_number(scale, "kv.fp8_scale", 1e-30, 1e30);
+  }
   if (node["group_size"]) kv.group_size = int(r.get_int(node["group_size"], "kv.group_size", 1, 4096));
   if (node["residual"]) kv.residual = int(r.get_int(node["residual"], "kv.residual", 0, 1 << 20));
   if (node["residual"] && kv.residual % kv.group_size != 0)

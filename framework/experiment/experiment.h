@@ -11,7 +11,7 @@
 //   name: str                         optional, default: the file's stem
 //   model: {path, dtype: keep|f32|f16|bf16|q8_0, threads: int (0 = all cores), tokenizer: path}
 //   kv: {block_size: int, budget_bytes: int | "64MiB" (0 = room for the model's max_seq_len),
-//        format: NAME | [NAMES] (a list is a grid axis), fp8_scale, group_size, residual}
+//        format: NAME | [NAMES] (a list is a grid axis), fp8_scale: S | prompt, group_size, residual}
 //   engine: {prefill_chunk: int, probe: bool, probe_every: int, probe_layers: [int], max_tokens: int}
 //   policies: [{name, type, params: {key: scalar | [scalars]}}]   lists expand as a grid
 //   plugins: [path.so]
@@ -59,6 +59,7 @@ struct KvSpec {
   // `format: [NAMES]` is a grid axis: every policy run once per format (cells.h).
   std::vector<std::string> formats{"f32"};
   double fp8_scale = 1.0;      // fp8 formats: the scale of every (layer, KV head)
+  bool fp8_scale_from_prompt = false;  // fp8_scale: prompt (EngineOptions::kv_fp8_scale_from_prompt)
   int group_size = 32;         // int4 / int2 (KIVI): G, and the R newest tokens kept fp32
   int residual = 128;
   SourceRef format_ref;        // where format was set (errors)

@@ -144,6 +144,11 @@ TEST(Experiment, KvFormatListIsAGridAxis) {
     EXPECT_EQ(r[1].kv_format, "int8") << one;
   }
   EXPECT_EQ(expand_runs(parse_experiment_text(base, "default.yaml"))[0].kv_format, "f32");
+  const ExperimentSpec fp8 = parse_experiment_text(base + "kv: {format: fp8_e4m3, fp8_scale: prompt}\n", "fp8.yaml");
+  EXPECT_TRUE(fp8.kv.fp8_scale_from_prompt);
+  const ExperimentSpec fixed = parse_experiment_text(base + "kv: {format: fp8_e4m3, fp8_scale: 0.5}\n", "fp8.yaml");
+  EXPECT_FALSE(fixed.kv.fp8_scale_from_prompt);
+  EXPECT_EQ(fixed.kv.fp8_scale, 0.5);
 }
 
 TEST(Experiment, ShardsPartitionTheCells) {

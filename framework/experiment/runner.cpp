@@ -185,8 +185,9 @@ std::string cell_identity(const ExperimentSpec& spec, const RunSpec& run,
   line("kv.block_size", spec.kv.block_size_tokens);
   line("kv.budget_bytes", spec.kv.budget_bytes);
   if (run.kv_format != "f32")  // f32: the identity of before
-    line("kv.format", run.kv_format, " fp8_scale ", spec.kv.fp8_scale, " group_size ", spec.kv.group_size,
-         " residual ", spec.kv.residual);
+    line("kv.format", run.kv_format, " fp8_scale ",
+         spec.kv.fp8_scale_from_prompt ? std::string("prompt") : str_cat(spec.kv.fp8_scale),
+         " group_size ", spec.kv.group_size, " residual ", spec.kv.residual);
   line("engine.prefill_chunk", spec.engine.prefill_chunk_tokens);
   line("engine.probe", spec.engine.probe ? 1 : 0);
   line("engine.probe_every", spec.engine.probe_every);
@@ -367,6 +368,7 @@ int run_experiment(const ExperimentSpec& spec, const RunOptions& o) {
   eo.device = o.device;
   eo.device_dtype = o.device_dtype;
   eo.kv_fp8_scale = float(spec.kv.fp8_scale);
+  eo.kv_fp8_scale_from_prompt = spec.kv.fp8_scale_from_prompt;
   eo.kv_group_size = spec.kv.group_size;
   eo.kv_residual = spec.kv.residual;
   // One engine (one KV store) per kv.format, built when its first cell comes: runs are ordered

@@ -18,8 +18,11 @@
 //     holds fewer bytes than f32's.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <span>
+#include <vector>
 
 #include "framework/engine/engine.h"
 #include "framework/engine/logit_bound.h"
@@ -118,5 +121,67 @@ TEST(KvFormatConformance, EveryPolicyOnEveryFormat) {
   }
 }
 
+
+// EngineOptions::kv_fp8_scale_from_prompt: each sequence's scale of (layer, KV head) is the
+// max |x| of its first prefill chunk's rows over the format's largest value, K and V apart;
+// later chunks saturate instead of rescaling; a second sequence with another prompt gets its own.
+// Layer 0's rows are the f32 engine's (same embeddings), so its scales are checked exactly;
+// deeper layers see the quantised cache's outputs, so there the scale shows in the codes: the
+// largest magnitude of the first chunk encodes to the format's largest value.
+TEST(KvFormatConformance, Fp8ScalesFromThePromptAreItsFirstChunksRange) {
+  const Model& m = tiny_model();
+  const int L = m.config.n_layers, H = m.config.n_kv_heads, D = m.config.head_dim;
+  constexpr int kChunk = 16, kTokens = 40;
+  for (KvFormat format : {KvFormat::kFp8E4m3, KvFormat::kFp8E5m2}) {
+    SCOPED_TRACE(kv_format_name(format));
+    const float fp8_max = kv_fp8_max(format);
+    auto code_value = [&](uint8_t c) {
+      return std::fabs(format == KvFormat::kFp8E4m3 ? kv_decode_e4m3(c) : kv_decode_e5m2(c));
+    };
+    EngineOptions o = engine_options();
+    o.prefill_chunk_tokens = kChunk;
+    EngineOptions o8 = o;
+    o8.kv_format = format;
+    o8.kv_fp8_scale_from_prompt = true;
+    Engine e32(m, o), e8(m, o8);
+    for (uint32_t seed : {1u, 2u}) {
+      const auto tokens = random_tokens(kTokens, seed);
+      std::vector<float> lg;
+      const SeqId s32 = e32.start_sequence(), s8 = e8.start_sequence();
+      ASSERT_EQ(e32.prefill(s32, std::span(tokens).first(kChunk), lg), StepStatus::kOk);
+      ASSERT_EQ(e8.prefill(s8, tokens, lg), StepStatus::kOk);  // chunks of 16, 16, 8
+      for (int l = 0; l < L; ++l) {
+        const LayerKv kv8 = e8.kv().layer(s8, l);
+        for (int h = 0; h < H; ++h) {
+          SCOPED_TRACE("seed " + std::to_string(seed) + " layer " + std::to_string(l) + " head " + std::to_string(h));
+          float kcode = 0, vcode = 0, later = 0;
+          for (int slot = 0; slot < kTokens; ++slot)
+            for (int d = 0; d < D; ++d) {
+              const float kc = code_value(kv8.key_codes(slot, h)[d]), vc = code_value(kv8.value_codes(slot, h)[d]);
+              if (slot < kChunk) kcode = std::max(kcode, kc), vcode = std::max(vcode, vc);
+              else later = std::max({later, kc, vc});
+            }
+          EXPECT_EQ(kcode, fp8_max);
+          EXPECT_EQ(vcode, fp8_max);
+          EXPECT_LE(later, fp8_max);  // saturating, never inf or NaN
+          if (l > 0) continue;
+          const LayerKv rows = e32.kv().layer(s32, 0);
+          float kmax = 0, vmax = 0;
+          std::vector<float> row(D);
+          for (int slot = 0; slot < kChunk; ++slot) {
+            rows.load_key(slot, h, row.data());
+            for (float x : row) kmax = std::max(kmax, std::fabs(x));
+            rows.load_value(slot, h, row.data());
+            for (float x : row) vmax = std::max(vmax, std::fabs(x));
+          }
+          EXPECT_EQ(kv8.key_scale(0, h), kmax / fp8_max);
+          EXPECT_EQ(kv8.value_scale(0, h), vmax / fp8_max);
+        }
+      }
+      e32.end_sequence(s32);
+      e8.end_sequence(s8);
+    }
+  }
+}
 }  // namespace
 }  // namespace kvlab

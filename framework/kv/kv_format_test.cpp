@@ -11,6 +11,7 @@
 #include <map>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "framework/core/error.h"
@@ -260,6 +261,40 @@ TEST(KvFormat, BytesPerTokenAndFp8Scales) {
   EXPECT_THROW(s8.set_fp8_scales(0, ks, vs), Error);
   c.fp8_scale = -1.f;
   EXPECT_THROW(KvStore{c}, Error);
+}
+
+TEST(KvFormat, Fp8ScalesPerSequence) {
+  // Two sequences of one store with their own scales; each decodes its rows with its own, a
+  // fork inherits its parent's, and a sequence holding rows refuses new ones.
+  KvStoreConfig c{2, 2, 8, 4, 1 << 16, KvFormat::kFp8E4m3, 1.f};
+  KvStore store(c);
+  const SeqId a = store.create_sequence(), b = store.create_sequence();
+  const float ka[2] = {0.25f, 0.5f}, va[2] = {2.f, 4.f}, kb[2] = {8.f, 16.f}, vb[2] = {0.125f, 1.f};
+  store.set_sequence_fp8_scales(a, 1, ka, va);
+  store.set_sequence_fp8_scales(b, 1, kb, vb);
+  std::vector<float> k(16), v(16);
+  for (int i = 0; i < 16; ++i) k[i] = v[i] = 0.37f * float(i - 7);
+  for (SeqId s : {a, b}) {
+    ASSERT_EQ(store.reserve(s, 1), AllocStatus::kOk);
+    for (int l = 0; l < 2; ++l) store.append(s, l, 0, k.data(), v.data());
+  }
+  EXPECT_THROW(store.set_sequence_fp8_scales(a, 1, kb, vb), Error);  // rows already stored
+  EXPECT_THROW(store.set_sequence_fp8_scales(a, 2, kb, vb), Error);  // no such layer
+  const float zero[2] = {0.f, 1.f};
+  EXPECT_THROW(store.set_sequence_fp8_scales(b, 0, zero, vb), Error);
+  const SeqId child = store.fork(b);
+  for (auto [s, ks, vs] : {std::tuple{a, ka, va}, std::tuple{b, kb, vb}, std::tuple{child, kb, vb}}) {
+    for (int h = 0; h < 2; ++h) {
+      SCOPED_TRACE("sequence " + std::to_string(s) + " head " + std::to_string(h));
+      const LayerKv kv = store.layer(s, 1);
+      EXPECT_EQ(kv.key_scale(0, h), ks[h]);
+      EXPECT_EQ(kv.value_scale(0, h), vs[h]);
+      std::vector<float> row(8);
+      kv.load_key(0, h, row.data());
+      for (int d = 0; d < 8; ++d) EXPECT_EQ(row[d], kv_decode_e4m3(kv_encode_e4m3(k[h * 8 + d] / ks[h])) * ks[h]);
+      EXPECT_EQ(store.layer(s, 0).key_scale(0, h), 1.f);  // layer 0 keeps the store's
+    }
+  }
 }
 
 // KIVI (int4 / int2) under random create / fork / free / append / per-head evict: every live row

@@ -65,18 +65,36 @@ KvStore::~KvStore() = default;
 
 size_t KvStore::row_offset(int entry, int kv_head) const { return layout_.row_offset(kv_head, entry); }
 
-void KvStore::set_fp8_scales(int layer, const float* k_scales, const float* v_scales) {
+void KvStore::check_fp8_scales(const char* what, int layer, const float* k_scales, const float* v_scales) const {
   if (!kv_format_has_head_scale(config_.format))
-    fail("KvStore::set_fp8_scales: the store's format is ", kv_format_name(config_.format), ", not fp8");
+    fail("KvStore::", what, ": the store's format is ", kv_format_name(config_.format), ", not fp8");
   if (layer < 0 || layer >= config_.n_layers)
-    fail("KvStore::set_fp8_scales: layer ", layer, " out of range [0, ", config_.n_layers, ")");
+    fail("KvStore::", what, ": layer ", layer, " out of range [0, ", config_.n_layers, ")");
+  for (int h = 0; h < config_.n_kv_heads; ++h)
+    if (!(k_scales[h] > 0.f && std::isfinite(k_scales[h]) && v_scales[h] > 0.f && std::isfinite(v_scales[h])))
+      fail("KvStore::", what, ": layer ", layer, " kv_head ", h, ": scales must be positive and finite");
+}
+
+void KvStore::set_fp8_scales(int layer, const float* k_scales, const float* v_scales) {
+  check_fp8_scales("set_fp8_scales", layer, k_scales, v_scales);
   if (stored_any_) fail("KvStore::set_fp8_scales: slots are already reserved (rows may be stored with the old scales)");
   const int H = config_.n_kv_heads;
-  for (int h = 0; h < H; ++h)
-    if (!(k_scales[h] > 0.f && std::isfinite(k_scales[h]) && v_scales[h] > 0.f && std::isfinite(v_scales[h])))
-      fail("KvStore::set_fp8_scales: layer ", layer, " kv_head ", h, ": scales must be positive and finite");
   std::copy(k_scales, k_scales + H, k_head_scale_.begin() + static_cast<ptrdiff_t>(layer) * H);
   std::copy(v_scales, v_scales + H, v_head_scale_.begin() + static_cast<ptrdiff_t>(layer) * H);
+  for (auto& [id, s] : seqs_) {  // sequences created before (none holds a row yet)
+    s->layers[layer].k_scale.assign(k_scales, k_scales + H);
+    s->layers[layer].v_scale.assign(v_scales, v_scales + H);
+  }
+}
+
+void KvStore::set_sequence_fp8_scales(SeqId seq, int layer, const float* k_scales, const float* v_scales) {
+  check_fp8_scales("set_sequence_fp8_scales", layer, k_scales, v_scales);
+  LayerTable& lc = layer_at(seq, layer);
+  if (lc.n_slots > 0)
+    fail("KvStore::set_sequence_fp8_scales: sequence ", seq, " layer ", layer, " already holds ", lc.n_slots,
+         " rows (stored with the old scales)");
+  lc.k_scale.assign(k_scales, k_scales + config_.n_kv_heads);
+  lc.v_scale.assign(v_scales, v_scales + config_.n_kv_heads);
 }
 
 // One row (codes and, for int8, its scale) of kv_head from (src_b, src_entry) to (dst_b,
@@ -124,6 +142,12 @@ SeqId KvStore::create_sequence() {
   for (size_t l = 0; l < s->layers.size(); ++l) {
     s->layers[l].layer = static_cast<int>(l);
     s->layers[l].live.assign(config_.n_kv_heads, 0);
+    if (!k_head_scale_.empty()) {
+      const auto first = k_head_scale_.begin() + static_cast<ptrdiff_t>(l) * config_.n_kv_heads;
+      s->layers[l].k_scale.assign(first, first + config_.n_kv_heads);
+      const auto vfirst = v_head_scale_.begin() + static_cast<ptrdiff_t>(l) * config_.n_kv_heads;
+      s->layers[l].v_scale.assign(vfirst, vfirst + config_.n_kv_heads);
+    }
   }
   const SeqId id = next_id_++;
   seqs_.emplace(id, std::move(s));
@@ -152,6 +176,8 @@ SeqId KvStore::fork(SeqId parent) {
     dst.blocks.assign(src.blocks.begin(), src.blocks.begin() + used);
     for (int32_t b : dst.blocks) pool_.retain(b);
     dst.n_slots = src.n_slots;
+    dst.k_scale = src.k_scale;  // the shared rows were stored with them
+    dst.v_scale = src.v_scale;
     dst.positions = src.positions;
     dst.valid = src.valid;
     dst.live = src.live;
@@ -263,8 +289,8 @@ int KvStore::append(SeqId seq, int layer, int64_t position, const float* k, cons
     enc_scale.assign(2 * static_cast<size_t>(H), 1.f);
     dec.resize(D);
     for (int h = 0; h < H; ++h) {
-      const float hs_k = k_head_scale_.empty() ? 1.f : k_head_scale_[static_cast<size_t>(layer) * H + h];
-      const float hs_v = v_head_scale_.empty() ? 1.f : v_head_scale_[static_cast<size_t>(layer) * H + h];
+      const float hs_k = lc.k_scale.empty() ? 1.f : lc.k_scale[h];
+      const float hs_v = lc.v_scale.empty() ? 1.f : lc.v_scale[h];
       if (!kv_encode_row(fmt, k + static_cast<size_t>(h) * D, D, hs_k, enc.data() + h * rb, &enc_scale[h]) ||
           !kv_encode_row(fmt, v + static_cast<size_t>(h) * D, D, hs_v, enc.data() + (H + h) * rb, &enc_scale[H + h]))
         fail("KvStore::append: sequence ", seq, " layer ", layer, " kv_head ", h, " position ", position,
@@ -295,7 +321,7 @@ int KvStore::append(SeqId seq, int layer, int64_t position, const float* k, cons
       }
       if (lc.page_stats) {
         const float hs = fmt == KvFormat::kInt8 ? enc_scale[h]
-                         : k_head_scale_.empty() ? 1.f : k_head_scale_[static_cast<size_t>(layer) * H + h];
+                         : lc.k_scale.empty() ? 1.f : lc.k_scale[h];
         kv_decode_row(fmt, enc.data() + h * rb, D, hs, dec.data());
         key = dec.data();
       }
@@ -375,7 +401,7 @@ void KvStore::decode_key(const LayerTable& lc, int slot, int h, float* out) cons
   }
   float scale = 1.f;
   if (layout_.format == KvFormat::kInt8) std::memcpy(&scale, kb + layout_.meta_offset(h, e), 4);
-  else if (!k_head_scale_.empty()) scale = k_head_scale_[static_cast<size_t>(lc.layer) * config_.n_kv_heads + h];
+  else if (!lc.k_scale.empty()) scale = lc.k_scale[h];
   kv_decode_row(layout_.format, kb + row_offset(e, h), D, scale, out);
 }
 
@@ -394,9 +420,9 @@ LayerKv KvStore::layer(SeqId seq, int layer) const {
   kv.kivi_q_slots = lc.q_slots;
   kv.res_k = lc.res_k.data();
   kv.res_v = lc.res_v.data();
-  if (!k_head_scale_.empty()) {
-    kv.k_head_scale = k_head_scale_.data() + static_cast<size_t>(layer) * config_.n_kv_heads;
-    kv.v_head_scale = v_head_scale_.data() + static_cast<size_t>(layer) * config_.n_kv_heads;
+  if (!lc.k_scale.empty()) {
+    kv.k_head_scale = lc.k_scale.data();
+    kv.v_head_scale = lc.v_scale.data();
   }
   kv.view.indptr = lc.indptr;
   kv.view.indices = lc.blocks.data();

@@ -9,7 +9,8 @@
 //     (kernels/common/paged_kv.h):  k[block][kv_head][entry][feat],  v likewise, each row
 //     encoded in the store's format with its metadata beside the block's data
 //     (kernels/common/kv_format.h: "Block layout"). fp8 formats also keep one scale per (layer,
-//     KV head) for K and V (KvStoreConfig::fp8_scale for all of them, or set_fp8_scales()).
+//     KV head) for K and V (KvStoreConfig::fp8_scale for all of them, or set_fp8_scales()),
+//     which each sequence copies when created (set_sequence_fp8_scales() replaces its own).
 //   * Per (sequence, layer) a block table (layers may evict differently). Slot s of a layer is
 //     entry s % block_size of block table[s / block_size]; every block but the last used one is
 //     full. Blocks past the last used one are reserved (reserve()) and not yet written.
@@ -118,6 +119,10 @@ class KvStore {
   // fp8 formats: the scales of (layer, kv_head), K and V ([n_kv_heads] each); only before the
   // first reserve() (Error otherwise, or on a non-positive / non-finite scale, or another format).
   void set_fp8_scales(int layer, const float* k_scales, const float* v_scales);
+  // fp8: the scales of one sequence's layer (the engine's scales from the prompt), while it holds
+  // no row; a fork inherits its parent's with the rows. Error as set_fp8_scales, or when rows
+  // are already stored.
+  void set_sequence_fp8_scales(SeqId seq, int layer, const float* k_scales, const float* v_scales);
   int64_t free_blocks() const { return pool_.n_free(); }
 
   SeqId create_sequence();
@@ -194,7 +199,8 @@ class KvStore {
   KvStoreConfig config_;
   KvBlockLayout layout_;     // one arena (K or V) of a block
   size_t block_bytes_ = 0;   // K + V
-  std::vector<float> k_head_scale_, v_head_scale_;  // fp8: [n_layers, n_kv_heads]
+  std::vector<float> k_head_scale_, v_head_scale_;  // fp8: [n_layers, n_kv_heads] new sequences' scales
+  void check_fp8_scales(const char* what, int layer, const float* k_scales, const float* v_scales) const;
   bool stored_any_ = false;  // a slot was reserved (fp8 scales are fixed from then on)
   BlockPool pool_;
   std::unordered_map<SeqId, std::unique_ptr<Sequence>> seqs_;

@@ -12,7 +12,8 @@ namespace kvlab {
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 struct KvStore::LayerTable {  // (kv_store.h: "Memory layout")
-  int layer = 0;                   // which layer of its sequence (fp8 scales)
+  int layer = 0;                   // which layer of its sequence
+  std::vector<float> k_scale, v_scale;  // fp8: [n_kv_heads] the scales its rows are stored with
   std::vector<int32_t> blocks;     // block table: used blocks, then reserved ones
   int n_slots = 0;                 // slots written (live or holes)
   int pending = 0;                 // reserved slots not yet appended

@@ -73,6 +73,11 @@ inline const char* kv_format_name(KvFormat f) {
   return "?";
 }
 
+// The largest finite value of an fp8 format (E4M3FN 448, E5M2 57344); 0 for the others.
+constexpr float kv_fp8_max(KvFormat f) {
+  return f == KvFormat::kFp8E4m3 ? 448.f : f == KvFormat::kFp8E5m2 ? 57344.f : 0.f;
+}
+
 // "f32, bf16, f16, int8, fp8_e4m3, fp8_e5m2, int4, int2" (for error messages).
 inline std::string kv_format_names() {
   std::string s;
