@@ -13,7 +13,10 @@ bool parse_options(const std::vector<std::string>& args, const std::string& usag
   desc.add_options()("help,h", "show this help");
   std::vector<std::string> rest(args.begin() + 1, args.end());
   try {
-    po::store(po::command_line_parser(rest).options(desc).positional(pos).run(), vm);
+    // No abbreviations: Boost's default style takes "--out" for "--output"; a misspelt option
+    // must be an error (with the nearest name), not silently another option.
+    const int style = po::command_line_style::default_style & ~po::command_line_style::allow_guessing;
+    po::store(po::command_line_parser(rest).options(desc).positional(pos).style(style).run(), vm);
     if (vm.count("help")) {
       std::cout << "usage: " << usage_line << "\n\n" << desc << "\n";
       return false;
