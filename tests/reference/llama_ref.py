@@ -119,13 +119,17 @@ def rope_rotate_half(x, cos, sin):
     return np.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1)
 
 
-def forward(cfg, w, tokens):
+def attention_shape(cfg):
+    """(hidden size, query heads, KV heads, head dim, RMS eps, group size) of an HF config."""
     d = cfg["hidden_size"]
     n_heads = cfg["num_attention_heads"]
     n_kv = cfg.get("num_key_value_heads", n_heads)
     hd = cfg.get("head_dim") or d // n_heads
-    eps = cfg.get("rms_norm_eps", 1e-6)
-    group = n_heads // n_kv
+    return d, n_heads, n_kv, hd, cfg.get("rms_norm_eps", 1e-6), n_heads // n_kv
+
+
+def forward(cfg, w, tokens):
+    d, n_heads, n_kv, hd, eps, group = attention_shape(cfg)
     n = len(tokens)
     pos = np.arange(n, dtype=np.float64)
     ang = np.outer(pos, inv_frequencies(cfg, hd))
@@ -174,12 +178,7 @@ def gelu_tanh(x):
 
 def gemma_forward(cfg, w, tokens):
     gemma3 = cfg["architectures"][0] == "Gemma3ForCausalLM"
-    d = cfg["hidden_size"]
-    n_heads = cfg["num_attention_heads"]
-    n_kv = cfg.get("num_key_value_heads", n_heads)
-    hd = cfg.get("head_dim") or d // n_heads
-    eps = cfg.get("rms_norm_eps", 1e-6)
-    group = n_heads // n_kv
+    d, n_heads, n_kv, hd, eps, group = attention_shape(cfg)
     n_layers = cfg["num_hidden_layers"]
     window = cfg.get("sliding_window", 4096)
     kinds = cfg.get("layer_types")

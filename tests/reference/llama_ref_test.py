@@ -150,6 +150,19 @@ def meta_forward(cfg, w, tokens):
     return norm(x, w["norm"]) @ w["out"].T
 
 
+def check_variants(name, folder, cfg, hf, tokens, forward, variants):
+    """The fixture's other copies (sharded, bf16, f16) against its f32 HF files: failures."""
+    failures = 0
+    for variant, tol in variants:
+        if os.path.isdir(os.path.join(folder, variant)):
+            vcfg, vw = llama_ref.load_hf(os.path.join(folder, variant))
+            err = np.abs(forward(vcfg, vw, tokens) - forward(cfg, hf, tokens)).max()
+            ok = err <= tol
+            failures += not ok
+            print(f"{'ok  ' if ok else 'FAIL'} {name} [{variant}]: max |diff| = {err:.2e} (tolerance {tol})")
+    return failures
+
+
 def main():
     fixtures = sys.argv[1]
     names = json.load(open(os.path.join(fixtures, "fixtures.json")))["fixtures"]
@@ -160,13 +173,8 @@ def main():
         seqs = json.load(open(os.path.join(folder, "tokens.json")))["sequences"]
         if cfg["architectures"][0].startswith("Gemma"):
             # gemma_forward is checked against HF's own modelling code by gemma_ref_hf_test.py
-            for variant, tol in (("hf-bf16", 0.5), ("hf-f16", 0.05)):
-                if os.path.isdir(os.path.join(folder, variant)):
-                    vcfg, vw = llama_ref.load_hf(os.path.join(folder, variant))
-                    err = np.abs(llama_ref.gemma_forward(vcfg, vw, seqs[1]) - llama_ref.gemma_forward(cfg, hf, seqs[1])).max()
-                    ok = err <= tol
-                    failures += not ok
-                    print(f"{'ok  ' if ok else 'FAIL'} {name} [{variant}]: max |diff| = {err:.2e} (tolerance {tol})")
+            failures += check_variants(name, folder, cfg, hf, seqs[1], llama_ref.gemma_forward,
+                                       (("hf-bf16", 0.5), ("hf-f16", 0.05)))
             continue
         sources = [("hf permuted", meta_weights_from_hf(cfg, hf))]
         if os.path.exists(os.path.join(folder, "model.bin")):
@@ -180,13 +188,8 @@ def main():
                 failures += not ok
                 print(f"{'ok  ' if ok else 'FAIL'} {name} [{label}] {len(tokens)} tokens: max |diff| = {err:.2e}")
         # the sharded and bf16 copies give the same (bf16: close) logits
-        for variant, tol in (("hf-sharded", 0.0), ("hf-bf16", 0.5), ("hf-f16", 0.05)):
-            if os.path.isdir(os.path.join(folder, variant)):
-                vcfg, vw = llama_ref.load_hf(os.path.join(folder, variant))
-                err = np.abs(llama_ref.forward(vcfg, vw, seqs[1]) - llama_ref.forward(cfg, hf, seqs[1])).max()
-                ok = err <= tol
-                failures += not ok
-                print(f"{'ok  ' if ok else 'FAIL'} {name} [{variant}]: max |diff| = {err:.2e} (tolerance {tol})")
+        failures += check_variants(name, folder, cfg, hf, seqs[1], llama_ref.forward,
+                                   (("hf-sharded", 0.0), ("hf-bf16", 0.5), ("hf-f16", 0.05)))
     # CLI: raw float32 [n_tokens, vocab]
     folder = os.path.join(fixtures, names[0])
     with tempfile.TemporaryDirectory() as tmp:
