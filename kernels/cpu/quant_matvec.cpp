@@ -59,6 +59,7 @@ void quantize_activations(const float* x, int64_t n, int64_t cols, int64_t block
   out.s16.resize(static_cast<size_t>(n * cols / 16));
   out.s32.resize(static_cast<size_t>(n * cols / 32));
   out.s4.resize(static_cast<size_t>(n * cols / 4));
+  out.s2.resize(static_cast<size_t>(n * cols / 2));
   for (int64_t t = 0; t < n; ++t)
     for (int64_t b = 0; b < nb; ++b) {
       const float* xb = x + t * cols + b * block;
@@ -84,6 +85,7 @@ void quantize_activations(const float* x, int64_t n, int64_t cols, int64_t block
         out.s16[(t * cols + b * block) / 16 + g] = s;
       }
     }
+  for (size_t i = 0; i < out.s2.size(); ++i) out.s2[i] = static_cast<int16_t>(out.q[2 * i] + out.q[2 * i + 1]);
   for (size_t i = 0; i < out.s4.size(); ++i)
     out.s4[i] = out.q[4 * i] + out.q[4 * i + 1] + out.q[4 * i + 2] + out.q[4 * i + 3];
   for (size_t i = 0; i < out.s32.size(); ++i)

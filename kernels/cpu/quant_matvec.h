@@ -61,6 +61,7 @@ struct QuantActivations {
   std::vector<int32_t> s16;   // [n, cols / 16]
   std::vector<int16_t> s32;   // [n, cols / 32]: sums over 32 values (|s| <= 32 * 127)
   std::vector<int32_t> s4;    // [n, cols / 4]: sums over 4 values (the contract's lanes' share)
+  std::vector<int16_t> s2;    // [n, cols / 2]: sums over value pairs (vpmaddubsw's share)
 };
 // Non-finite inputs give a block with d = that value (inf/NaN) and a = 0, so the outputs that
 // use it are NaN, as the fp32 kernels' would be.
