@@ -43,7 +43,7 @@ int main(int argc, char** argv) {
   for (float& v : x) v = nd(rng);
   std::vector<float> src(static_cast<size_t>(rows * cols));
   for (float& v : src) v = nd(rng);
-  for (DType type : {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0}) {
+  for (DType type : {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0, DType::kQ4_0, DType::kQ4_K, DType::kQ6_K}) {
     const size_t bytes = dtype_bytes(type, rows * cols);
     std::vector<std::vector<uint8_t>> store(matrices, std::vector<uint8_t>(bytes));
     for (auto& m : store) from_float(type, src.data(), m.data(), rows * cols);

@@ -58,6 +58,8 @@ void quantize_activations(const float* x, int64_t n, int64_t cols, int64_t block
   out.q.resize(static_cast<size_t>(n * cols));
   out.s16.resize(static_cast<size_t>(n * cols / 16));
   out.s32.resize(static_cast<size_t>(n * cols / 32));
+  out.s4.resize(static_cast<size_t>(n * cols / 4));
+  out.s2.resize(static_cast<size_t>(n * cols / 2));
   for (int64_t t = 0; t < n; ++t)
     for (int64_t b = 0; b < nb; ++b) {
       const float* xb = x + t * cols + b * block;
@@ -83,6 +85,9 @@ void quantize_activations(const float* x, int64_t n, int64_t cols, int64_t block
         out.s16[(t * cols + b * block) / 16 + g] = s;
       }
     }
+  for (size_t i = 0; i < out.s2.size(); ++i) out.s2[i] = static_cast<int16_t>(out.q[2 * i] + out.q[2 * i + 1]);
+  for (size_t i = 0; i < out.s4.size(); ++i)
+    out.s4[i] = out.q[4 * i] + out.q[4 * i + 1] + out.q[4 * i + 2] + out.q[4 * i + 3];
   for (size_t i = 0; i < out.s32.size(); ++i)
     out.s32[i] = static_cast<int16_t>(out.s16[2 * i] + out.s16[2 * i + 1]);
 }
@@ -103,23 +108,21 @@ void quant_matvec_rows_scalar(const WeightView& w, const QuantActivations& a, fl
   for (int64_t r = r0; r < r1; ++r) {
     const uint8_t* row = w.row(r);
     for (int64_t t = 0; t < a.n; ++t) {
-      float acc = 0;
+      float acc[kQuantLanes] = {}, acc_min = 0;
       for (int64_t b = 0; b < nb; ++b) {
         unpack_block(w.dtype, row + b * bb, u);
         const int8_t* q8 = a.q.data() + t * w.cols + b * bv;
         const int32_t* s16 = a.s16.data() + (t * w.cols + b * bv) / 16;
-        int32_t s1 = 0, s2 = 0;
-        for (int64_t g = 0; g < groups; ++g) {
-          int32_t dot = 0;
-          for (int i = 0; i < 16; ++i) dot += static_cast<int32_t>(u.q[16 * g + i]) * q8[16 * g + i];
-          s1 += u.sc[g] * dot;
-          s2 += u.m[g] * s16[g];
-        }
+        int32_t lane[kQuantLanes] = {}, s2 = 0;
+        for (int64_t i = 0; i < bv; ++i)  // value i: lane (i mod 32) / 4, group i / 16
+          lane[(i % 32) / 4] += u.sc[i / 16] * (static_cast<int32_t>(u.q[i]) * q8[i]);
+        for (int64_t g = 0; g < groups; ++g) s2 += u.m[g] * s16[g];
         const float da = a.d[t * nb + b];
-        const float c = (u.d * da) * static_cast<float>(s1) - (u.dmin * da) * static_cast<float>(s2);
-        acc += c;
+        const float dd = u.d * da, dm = u.dmin * da;
+        for (int k = 0; k < kQuantLanes; ++k) acc[k] = std::fma(dd, static_cast<float>(lane[k]), acc[k]);
+        acc_min = std::fma(dm, static_cast<float>(s2), acc_min);  // stays +0 for types without a min
       }
-      y[t * w.rows + r] = acc;
+      y[t * w.rows + r] = quant_lane_tree(acc) - acc_min;
     }
   }
 }

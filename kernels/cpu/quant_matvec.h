@@ -5,17 +5,26 @@
 //   Activations x[n, cols] are quantised per block of the weight type's block size B (32 or 256):
 //     da = max|x_b| / 127 (fp32),  a_i = round(x_i / da) in [-127, 127],  s16[g] = sum of a over
 //     each 16-value group.
-//   Per weight block (UnpackedBlock: value_i = (d sc_g) q_i - dmin m_g):
-//     S1 = sum_g sc_g * sum_{i in g} q_i a_i     S2 = sum_g m_g * s16[g]     (int32, exact)
-//     c  = (d * da) * float(S1) - (dmin * da) * float(S2)
-//   and y[t, r] = ((c_0 + c_1) + c_2) + ...  in block order, one fp32 accumulator per output.
-// Every ISA path computes S1 and S2 exactly and then performs those float operations in that
-// order (the files are compiled with -ffp-contract=off), so every path returns the same bits as
-// the scalar reference (tested in quant_matvec_test.cpp).
+//   Per weight block b (UnpackedBlock: value_i = (d sc_g) q_i - dmin m_g, g = i / 16), the
+//   integer sums (int32, exact) are split into 8 lanes, the lanes one 32-byte register holds:
+//     L_k = sum over the block's 32-value chunks c of sum_{j<4} sc_g q_i a_i,  i = 32c + 4k + j
+//     S2  = sum_g m_g * s16[g]
+//   (lane k is what vpmaddubsw + vpmaddwd, or vpdpbusd, leave in int32 lane k), then in fp32
+//     acc_k <- fma(d * da, float(L_k), acc_k)      k = 0..7, blocks in order, acc_k = 0 at first
+//     acc_m <- fma(dmin * da, float(S2), acc_m)    (+0 throughout for types without a min)
+//   and y[t, r] = ((acc_0 + acc_4) + (acc_2 + acc_6)) + ((acc_1 + acc_5) + (acc_3 + acc_7)) - acc_m.
+//   This is the order 8-wide SIMD does naturally (one vector accumulator, one fused multiply-add
+//   per block, one horizontal sum per output), so no path reduces horizontally per block.
+// Every ISA path computes the L_k and S2 exactly and then performs those float operations in that
+// order (fma is fused, everything else rounds once; the files are compiled with -ffp-contract=off
+// so the compiler fuses nothing else), so every path returns the same bits as the scalar
+// reference (tested in quant_matvec_test.cpp).
 //
 // Error against the exact product with the fp32-dequantised weights: |x_i - da a_i| <= da / 2,
-// so |y_r - sum_i w_ri x_i| <= sum_b (da_b / 2) sum_{i in b} |w_ri|  plus the fp32 rounding of
-// the block sums (<= (n_blocks + 3) u sum_i |w_ri x_i| to first order, u = 2^-24).
+// so |y_r - sum_i w_ri x_i| <= sum_b (da_b / 2) sum_{i in b} |w_ri|  plus the fp32 rounding:
+// d * da rounds once, each lane adds n_blocks terms, then 3 tree additions and the subtraction,
+// so to first order <= (n_blocks + 5) u sum_b (sum_k |d da L_k| + |dmin da S2|), u = 2^-24
+// (float(L_k) is exact: |L_k| <= 8 chunks * 4 * 32 * 127 * 128 < 2^24 for Q6_K, less for the rest).
 #pragma once
 
 #include <cstdint>
@@ -25,6 +34,12 @@
 #include "kernels/cpu/quant_blocks.h"
 
 namespace kvlab {
+
+// The 8 fp32 lanes of the contract above, and their final sum in its tree order.
+constexpr int kQuantLanes = 8;
+inline float quant_lane_tree(const float* acc) {
+  return ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
+}
 
 // The instruction sets of the integer kernels, chosen at run time from cpuid.
 //   kScalar      plain loops (the reference)
@@ -45,6 +60,8 @@ struct QuantActivations {
   std::vector<int8_t> q;      // [n, cols]
   std::vector<int32_t> s16;   // [n, cols / 16]
   std::vector<int16_t> s32;   // [n, cols / 32]: sums over 32 values (|s| <= 32 * 127)
+  std::vector<int32_t> s4;    // [n, cols / 4]: sums over 4 values (the contract's lanes' share)
+  std::vector<int16_t> s2;    // [n, cols / 2]: sums over value pairs (vpmaddubsw's share)
 };
 // Non-finite inputs give a block with d = that value (inf/NaN) and a = 0, so the outputs that
 // use it are NaN, as the fp32 kernels' would be.

@@ -1,8 +1,9 @@
 // The SIMD paths of quant_matvec.h: per weight block, the integer codes are unpacked into 32-byte
 // registers (nibbles / bit planes by shifts and masks), multiplied with the int8 activations
-// (AVX2: vpmaddubsw on |q| and sign(a, q), then vpmaddwd with the group scales; VNNI: vpdpbusd,
-// then vpmulld with the group scales), summed exactly in int32, and scaled in the float order of
-// the scalar reference. Compiled with -ffp-contract=off; the functions carry target attributes,
+// (AVX2: vpmaddubsw on |q| and sign(a, q), then vpmaddwd with ones or the group scales; VNNI:
+// vpdpbusd for unit scales), summed exactly into the contract's 8 int32 lanes, converted and
+// accumulated with one fma per block into a vector of 8 fp32 lanes, summed once per output in the
+// contract's tree order. Compiled with -ffp-contract=off; the functions carry target attributes,
 // so this file adds nothing a baseline x86-64 CPU cannot run unless it is called.
 #include <immintrin.h>
 

@@ -110,11 +110,39 @@ TEST(QuantMatvec, EveryIsaEqualsTheScalarReference) {
               quant_isa_supported(QuantIsa::kAvx512Vnni) ? "avx512vnni" : "");
 }
 
+// Random shapes: odd row counts (the 4-row loop's remainders), column counts that are not a
+// multiple of 256 (32-value types) or of 4 blocks, 1..8 tokens, row ranges that start mid-matrix.
+TEST(QuantMatvec, EveryIsaEqualsTheScalarReferenceOnRandomShapes) {
+  if (!quant_isa_supported(QuantIsa::kAvx2)) GTEST_SKIP() << "this CPU has no AVX2: only the scalar path exists";
+  std::mt19937 rng(11);
+  std::uniform_int_distribution<int> rows_d(1, 41), blocks32(1, 45), blocks256(1, 6), tokens(1, 8);
+  for (DType t : kTypes)
+    for (int rep = 0; rep < 12; ++rep) {
+      const int64_t bv = quant_block_values(t), rows = rows_d(rng), n = tokens(rng);
+      const int64_t cols = bv * (bv == 32 ? blocks32(rng) : blocks256(rng));
+      const auto m = make_matrix(t, rows, cols, Pattern::kRandom, rng);
+      const auto x = random_x(n, cols, rng);
+      const WeightView w{t, rows, cols, m.data()};
+      const int64_t r0 = std::uniform_int_distribution<int64_t>(0, rows - 1)(rng);
+      std::vector<float> want(static_cast<size_t>(n * rows), -1.f), got(want.size());
+      quant_matvec_rows(w, x.data(), n, want.data(), r0, rows, QuantIsa::kScalar);
+      for (QuantIsa isa : {QuantIsa::kAvx2, QuantIsa::kAvx512Vnni}) {
+        if (!quant_isa_supported(isa)) continue;
+        std::fill(got.begin(), got.end(), -1.f);
+        quant_matvec_rows(w, x.data(), n, got.data(), r0, rows, isa);
+        ASSERT_EQ(std::memcmp(got.data(), want.data(), got.size() * 4), 0)
+            << dtype_name(t) << " " << quant_isa_name(isa) << " rows " << r0 << ".." << rows << " cols " << cols
+            << " n " << n;
+      }
+    }
+}
+
 // |y - sum_i w_i x_i| (w the fp32-dequantised weights) against quant_matvec.h's bound:
 //   sum_b (da_b / 2) sum_{i in b} |w_i|                       (activation rounding, |x - da a| <= da/2)
-// + sum_b (nb + 8) u (|d da S1_b| + |dmin da S2_b|)           (fp32: d*da, S->float, the products, the
-//                                                              difference: 4 roundings per term, then
-//                                                              the nb-term running sum)
+// + sum_b (nb + 8) u (sum_k |d da L_bk| + |dmin da S2_b|)     (fp32: d*da rounds once, each lane's
+//                                                              nb-term fma chain, the 3-level tree and
+//                                                              the final subtraction: nb + 5 roundings
+//                                                              to first order; L_bk the contract's lanes)
 // + 2 u sum_i |w_i x_i|                                        (the dequantised w_i itself rounds twice)
 TEST(QuantMatvec, ScalarIsWithinTheDerivedBoundOfTheFp32Product) {
   std::mt19937 rng(2);
@@ -137,16 +165,18 @@ TEST(QuantMatvec, ScalarIsWithinTheDerivedBoundOfTheFp32Product) {
           UnpackedBlock u;
           unpack_block(c.t, w.row(r) + b * quant_block_bytes(c.t), u);
           const double da = a.d[t * c.blocks + b];
-          double s1 = 0, s2 = 0, wabs = 0;
+          double lanes[kQuantLanes] = {}, s2 = 0, wabs = 0;
           for (int64_t i = 0; i < bv; ++i) {
             const int64_t col = b * bv + i;
             exact += double(wf[col]) * x[t * cols + col];
             abs_terms += std::fabs(double(wf[col]) * x[t * cols + col]);
             wabs += std::fabs(wf[col]);
-            s1 += double(u.sc[i / 16]) * u.q[i] * a.q[t * cols + col];
+            lanes[(i % 32) / 4] += double(u.sc[i / 16]) * u.q[i] * a.q[t * cols + col];
             if (i % 16 == 0) s2 += double(u.m[i / 16]) * a.s16[(t * cols + col) / 16];
           }
-          bound += da / 2 * wabs + (c.blocks + 8) * kU * (std::fabs(u.d * da * s1) + std::fabs(u.dmin * da * s2));
+          double lane_abs = 0;
+          for (double l : lanes) lane_abs += std::fabs(l);
+          bound += da / 2 * wabs + (c.blocks + 8) * kU * (std::fabs(u.d * da) * lane_abs + std::fabs(u.dmin * da * s2));
         }
         bound += 2 * kU * abs_terms;
         const double got = y[t * c.rows + r];
