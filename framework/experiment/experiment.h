@@ -13,7 +13,9 @@
 //   kv: {block_size: int, budget_bytes: int | "64MiB" (0 = room for the model's max_seq_len),
 //        format: NAME | [NAMES] (a list is a grid axis), fp8_scale, group_size, residual}
 //   engine: {prefill_chunk: int, probe: bool, probe_every: int, probe_layers: [int], max_tokens: int}
-//   policies: [{name, type, params: {key: scalar | [scalars]}}]   lists expand as a grid
+//   policies: [{name, type, params: {key: scalar | [scalars]}, zip: [key, ...] | [[key, ...], ...]}]
+//                                     lists expand as a grid (the cartesian product); the keys of
+//                                     one zip group are lists of one length that step together
 //   plugins: [path.so]
 //   seeds: [int]                      default [0]
 //   output: path                      default results/<name>.h5
@@ -78,6 +80,9 @@ struct PolicyEntry {
   std::string name;
   std::string type;
   std::vector<std::pair<std::string, std::vector<ParamValue>>> params;  // in file order
+  // The grid's axes, each a set of indices into params that step together: a parameter of its
+  // own, or a zip group (equal lengths). Ordered by each axis's first parameter in file order.
+  std::vector<std::vector<size_t>> axes;
   SourceRef ref;          // the entry
   SourceRef type_ref;
   SourceRef params_ref;
