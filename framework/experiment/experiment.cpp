@@ -97,7 +97,8 @@ void parse_kv(const Reader& r, const YAML::Node& node, KvSpec& kv) {
 }
 
 void parse_engine(const Reader& r, const YAML::Node& node, EngineSpec& e) {
-  r.expect_map(node, "engine", {"prefill_chunk", "probe", "probe_every", "probe_layers", "max_tokens"});
+  r.expect_map(node, "engine", {"prefill_chunk", "probe", "probe_every", "probe_layers", "max_tokens", "prefix_reuse"});
+  if (node["prefix_reuse"]) e.prefix_reuse = r.get_bool(node["prefix_reuse"], "engine.prefix_reuse");
   if (node["max_tokens"])
     e.max_tokens = r.get_int(node["max_tokens"], "engine.max_tokens", 1, (int64_t{1} << 31) - 1);
   if (node["prefill_chunk"])
