@@ -27,7 +27,7 @@ class NiahFactory final : public EvaluationFactory {
     r.expect_map(node, path,
                  {"haystack", "context_lengths", "depths", "trials", "needle", "question",
                   "value_digits", "needle_placement", "max_answer_tokens", "decode_tail_tokens",
-                  "protocol"},
+                  "protocol", "shared_haystack"},
                  {"haystack", "context_lengths", "depths"});
     n.enabled = true;
     n.ref = r.ref(node, path);
@@ -69,6 +69,7 @@ class NiahFactory final : public EvaluationFactory {
         r.error(node["decode_tail_tokens"], path + ".decode_tail_tokens",
                 "decode_tail_tokens applies to protocol decode_tail only, not ", p);
     }
+    if (node["shared_haystack"]) n.shared_haystack = r.get_bool(node["shared_haystack"], path + ".shared_haystack");
     return std::make_shared<NiahEvaluation>(std::move(n));
   }
 };
@@ -135,6 +136,7 @@ std::string NiahEvaluation::identity(size_t cell, const std::function<std::strin
   // Written only when not the default, so cells of files from before the protocols keep
   // their identity (resume, merge).
   if (n.protocol != NiahProtocol::kDecodeTail) line("niah.protocol", niah_protocol_name(n.protocol));
+  if (n.shared_haystack) line("niah.shared_haystack", 1);
   return id;
 }
 
@@ -158,7 +160,8 @@ CellRecord NiahEvaluation::run_cell(size_t cell, EvalContext& ctx) const {
   KeptWatcher watcher(lm, config);
   for (uint64_t seed : ctx.seeds)
     for (int t = 0; t < n.trials; ++t) {
-      const uint64_t ts = trial_seed(seed, length, depth, t);
+      // shared_haystack: one draw per trial for every depth (-1 is no depth's bits)
+      const uint64_t ts = trial_seed(seed, length, n.shared_haystack ? -1.0 : depth, t);
       const NiahPrompt p = build_niah_prompt(ctx.tokenizer, *haystack_, opt, length, depth, ts);
       lm.ended.clear();
       watcher.start_sample(p.needle_pos, p.needle_pos + p.needle_tokens);

@@ -5,7 +5,12 @@
 //   niah: {haystack: path | [paths], context_lengths: [int], depths: [0..100], trials: int,
 //          needle: str with {value}, question: str, value_digits: int,
 //          needle_placement: nearest|previous, max_answer_tokens: int,
-//          decode_tail_tokens: int | "question", protocol: decode_tail|query_agnostic|query_aware}
+//          decode_tail_tokens: int | "question", protocol: decode_tail|query_agnostic|query_aware,
+//          shared_haystack: bool}
+// shared_haystack (default false): a trial's excerpt and needle value are drawn without its
+// depth (trial_seed with depth -1), so every depth of a trial hides the same value in the same
+// text and the prompts share their start up to the earlier needle -- what engine.prefix_reuse
+// forks instead of prefilling again. Default: each (depth, trial) draws its own.
 #pragma once
 
 #include <filesystem>
@@ -31,6 +36,7 @@ struct NiahSpec {
   int max_answer_tokens = 12;
   int decode_tail_tokens = -1;  // -1 = the question's tokens
   NiahProtocol protocol = NiahProtocol::kDecodeTail;  // evals/niah.h
+  bool shared_haystack = false;
   SourceRef ref;
 };
 

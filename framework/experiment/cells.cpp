@@ -14,9 +14,13 @@ std::vector<RunSpec> expand_runs(const ExperimentSpec& spec) {
   for (const std::string& format : spec.kv.formats)
   for (size_t e = 0; e < spec.policies.size(); ++e) {
     const PolicyEntry& entry = spec.policies[e];
-    // Odometer over the parameter lists, last parameter fastest.
-    std::vector<size_t> at(entry.params.size(), 0);
+    // Odometer over the grid's axes (a parameter, or a zip group stepping together), last axis
+    // fastest.
+    std::vector<size_t> at(entry.axes.size(), 0);
+    std::vector<size_t> value_of(entry.params.size(), 0);
     while (true) {
+      for (size_t a = 0; a < entry.axes.size(); ++a)
+        for (size_t p : entry.axes[a]) value_of[p] = at[a];
       RunSpec run;
       run.entry_name = entry.name;
       run.type = entry.type;
@@ -26,19 +30,19 @@ std::vector<RunSpec> expand_runs(const ExperimentSpec& spec) {
       std::string suffix;
       for (size_t p = 0; p < entry.params.size(); ++p) {
         const auto& [key, values] = entry.params[p];
-        run.params[key] = values[at[p]];
-        if (values.size() > 1) suffix += (suffix.empty() ? "" : ",") + key + "=" + to_string(values[at[p]]);
+        run.params[key] = values[value_of[p]];
+        if (values.size() > 1) suffix += (suffix.empty() ? "" : ",") + key + "=" + to_string(values[value_of[p]]);
       }
       if (format_axis) suffix += (suffix.empty() ? "" : ",") + std::string("kv.format=") + format;
       if (!suffix.empty()) run.name += "@" + suffix;
       runs.push_back(std::move(run));
       // Advance the odometer; done when the first digit wraps (or there are no digits).
-      size_t p = entry.params.size();
+      size_t a = entry.axes.size();
       bool wrapped = true;
-      while (p > 0 && wrapped) {
-        --p;
-        wrapped = ++at[p] == entry.params[p].second.size();
-        if (wrapped) at[p] = 0;
+      while (a > 0 && wrapped) {
+        --a;
+        wrapped = ++at[a] == entry.params[entry.axes[a].front()].second.size();
+        if (wrapped) at[a] = 0;
       }
       if (wrapped) break;
     }

@@ -175,7 +175,8 @@ void add_timing_attrs(AttrMap& a, const EngineLm& lm) {
   a["decode_tokens"] = lm.decode_tokens;
   const double s = lm.prefill_s + lm.decode_s;
   a["tokens_per_s"] = s > 0 ? double(lm.prefill_tokens + lm.decode_tokens) / s : 0.0;
-  a["prefill_tokens_per_s"] = lm.prefill_s > 0 ? double(lm.prefill_tokens) / lm.prefill_s : 0.0;
+  // tokens computed: a forked prefix (engine.prefix_reuse) took no prefill time
+  a["prefill_tokens_per_s"] = lm.prefill_s > 0 ? double(lm.prefill_tokens - lm.prefill_tokens_saved) / lm.prefill_s : 0.0;
   a["decode_tokens_per_s"] = lm.decode_s > 0 ? double(lm.decode_tokens) / lm.decode_s : 0.0;
 }
 

@@ -107,7 +107,8 @@ void parse_kv(const Reader& r, const YAML::Node& node, KvSpec& kv) {
 }
 
 void parse_engine(const Reader& r, const YAML::Node& node, EngineSpec& e) {
-  r.expect_map(node, "engine", {"prefill_chunk", "probe", "probe_every", "probe_layers", "max_tokens"});
+  r.expect_map(node, "engine", {"prefill_chunk", "probe", "probe_every", "probe_layers", "max_tokens", "prefix_reuse"});
+  if (node["prefix_reuse"]) e.prefix_reuse = r.get_bool(node["prefix_reuse"], "engine.prefix_reuse");
   if (node["max_tokens"])
     e.max_tokens = r.get_int(node["max_tokens"], "engine.max_tokens", 1, (int64_t{1} << 31) - 1);
   if (node["prefill_chunk"])
@@ -120,6 +121,63 @@ void parse_engine(const Reader& r, const YAML::Node& node, EngineSpec& e) {
       e.probe_layers.push_back(int(r.get_int(v, p, 0, 1 << 16)));
 }
 
+// zip: [a, b] (one group) or [[a, b], [c, d]]: each group's lists step together. Fills e.axes:
+// one axis per group and per parameter in no group, ordered by their first parameter.
+void parse_zip(const Reader& r, const YAML::Node& node, const std::string& path, PolicyEntry& e) {
+  std::vector<int> group_of(e.params.size(), -1);
+  std::vector<std::vector<size_t>> groups;
+  if (node) {
+    if (!node.IsSequence() || node.size() == 0)
+      r.error(node, path, "expected a list of parameter names ([a, b]) or of such lists, got ", Reader::describe(node));
+    const bool nested = node[0].IsSequence();
+    std::vector<std::pair<YAML::Node, std::string>> group_nodes;
+    if (nested)
+      for (size_t g = 0; g < node.size(); ++g) group_nodes.emplace_back(node[g], str_cat(path, "[", g, "]"));
+    else
+      group_nodes.emplace_back(node, path);
+    std::vector<std::string> names;
+    for (const auto& [k, v] : e.params) names.push_back(k);
+    for (const auto& [g, gp] : group_nodes) {
+      if (!g.IsSequence() || g.size() < 2)
+        r.error(g, gp, "expected a list of at least two parameter names that step together, got ", Reader::describe(g));
+      std::vector<size_t> group;
+      for (size_t i = 0; i < g.size(); ++i) {
+        const std::string kp = str_cat(gp, "[", i, "]");
+        const std::string key = r.get_string(g[i], kp);
+        const auto it = std::find(names.begin(), names.end(), key);
+        if (it == names.end()) {
+          const std::string near = nearest_name(key, names);
+          r.error(g[i], kp, "'", key, "' is not a parameter of this entry",
+                  near.empty() ? "" : " (did you mean '" + near + "'?)", names.empty() ? "" : "; its params are " + Reader::join(names));
+        }
+        const size_t idx = size_t(it - names.begin());
+        if (group_of[idx] >= 0) r.error(g[i], kp, "parameter '", key, "' is zipped twice");
+        group_of[idx] = int(groups.size());
+        group.push_back(idx);
+      }
+      // Every list of a group has the first one's length: name both and where each was written.
+      const auto& [k0, v0] = e.params[group.front()];
+      for (size_t i = 1; i < group.size(); ++i) {
+        const auto& [ki, vi] = e.params[group[i]];
+        if (vi.size() != v0.size())
+          r.error(g[i], str_cat(gp, "[", i, "]"), "zipped parameters step together, so their lists need one length: '",
+                  ki, "' has ", vi.size(), " value", vi.size() == 1 ? "" : "s", ", '", k0, "' has ", v0.size(),
+                  " (", e.params_ref.key_path, ".", ki, " and .", k0, ")");
+      }
+      groups.push_back(std::move(group));
+    }
+  }
+  std::vector<bool> placed(groups.size(), false);
+  for (size_t i = 0; i < e.params.size(); ++i) {
+    if (group_of[i] < 0) {
+      e.axes.push_back({i});
+    } else if (!placed[size_t(group_of[i])]) {
+      placed[size_t(group_of[i])] = true;
+      e.axes.push_back(groups[size_t(group_of[i])]);
+    }
+  }
+}
+
 void parse_policies(const Reader& r, const YAML::Node& node, std::vector<PolicyEntry>& out) {
   if (!node.IsSequence() || node.size() == 0)
     r.error(node, "policies", "expected a non-empty list of {name, type, params}, got ",
@@ -128,7 +186,7 @@ void parse_policies(const Reader& r, const YAML::Node& node, std::vector<PolicyE
   for (size_t i = 0; i < node.size(); ++i) {
     const std::string path = str_cat("policies[", i, "]");
     const YAML::Node& p = node[i];
-    r.expect_map(p, path, {"name", "type", "params"}, {"type"});
+    r.expect_map(p, path, {"name", "type", "params", "zip"}, {"type"});
     PolicyEntry e;
     e.ref = r.ref(p, path);
     e.type = r.get_string(p["type"], path + ".type");
@@ -158,6 +216,7 @@ void parse_policies(const Reader& r, const YAML::Node& node, std::vector<PolicyE
         }
       }
     }
+    parse_zip(r, p["zip"], path + ".zip", e);
     out.push_back(std::move(e));
   }
 }
@@ -221,7 +280,7 @@ uint64_t saturating_add(uint64_t a, uint64_t b) {
 }
 uint64_t entry_runs(const PolicyEntry& e) {
   uint64_t n = 1;
-  for (const auto& [key, values] : e.params) n = saturating_mul(n, values.size());
+  for (const auto& axis : e.axes) n = saturating_mul(n, e.params[axis.front()].second.size());
   return n;
 }
 

@@ -12,8 +12,11 @@
 //   model: {path, dtype: keep|f32|f16|bf16|q8_0, threads: int (0 = all cores), tokenizer: path}
 //   kv: {block_size: int, budget_bytes: int | "64MiB" (0 = room for the model's max_seq_len),
 //        format: NAME | [NAMES] (a list is a grid axis), fp8_scale: S | prompt, group_size, residual}
-//   engine: {prefill_chunk: int, probe: bool, probe_every: int, probe_layers: [int], max_tokens: int}
-//   policies: [{name, type, params: {key: scalar | [scalars]}}]   lists expand as a grid
+//   engine: {prefill_chunk: int, probe: bool, probe_every: int, probe_layers: [int], max_tokens: int,
+//            prefix_reuse: bool}
+//   policies: [{name, type, params: {key: scalar | [scalars]}, zip: [key, ...] | [[key, ...], ...]}]
+//                                     lists expand as a grid (the cartesian product); the keys of
+//                                     one zip group are lists of one length that step together
 //   plugins: [path.so]
 //   seeds: [int]                      default [0]
 //   output: path                      default results/<name>.h5
@@ -71,6 +74,9 @@ struct EngineSpec {
   int probe_every = 1; // probe every N-th decode step
   std::vector<int> probe_layers;  // layers probed; empty = the engine's default (first, middle, last)
   int64_t max_tokens = 0;  // most tokens per sequence; 0 = the model's max_seq_len (EngineOptions)
+  // Prompts sharing a prefix fork its KV instead of prefilling it again (engine_lm.h PrefixCache),
+  // in runs whose policy allows it (full attention); results are bit for bit those without.
+  bool prefix_reuse = false;
 };
 
 // One entry of `policies:` as written (before grid expansion). A parameter holds one value or a
@@ -79,6 +85,9 @@ struct PolicyEntry {
   std::string name;
   std::string type;
   std::vector<std::pair<std::string, std::vector<ParamValue>>> params;  // in file order
+  // The grid's axes, each a set of indices into params that step together: a parameter of its
+  // own, or a zip group (equal lengths). Ordered by each axis's first parameter in file order.
+  std::vector<std::vector<size_t>> axes;
   SourceRef ref;          // the entry
   SourceRef type_ref;
   SourceRef params_ref;

@@ -151,6 +151,62 @@ TEST(Experiment, KvFormatListIsAGridAxis) {
   EXPECT_EQ(fixed.kv.fp8_scale, 0.5);
 }
 
+// zip: the keys of a group step together (one axis of the product, at its first key's place),
+// beside the cartesian product of the other lists.
+TEST(Experiment, ZippedParametersStepTogether) {
+  const std::string head = "model: {path: m.gguf}\nevals: {perplexity: {text: t.txt}}\npolicies:\n";
+  const ExperimentSpec s = parse_experiment_text(
+      head + "  - name: lm\n    type: landmark\n"
+             "    params: {chunk_size: [16, 32, 64], sinks: [0, 4], top_k: [8, 4, 2]}\n"
+             "    zip: [chunk_size, top_k]\n",
+      "zip.yaml");
+  EXPECT_EQ(count_grid(s).runs, 6u);  // 3 zipped steps x 2 sinks, not 3 x 2 x 3
+  std::vector<std::string> names;
+  for (const auto& r : expand_runs(s)) names.push_back(r.name);
+  EXPECT_EQ(names, (std::vector<std::string>{
+                       "lm@chunk_size=16,sinks=0,top_k=8", "lm@chunk_size=16,sinks=4,top_k=8",
+                       "lm@chunk_size=32,sinks=0,top_k=4", "lm@chunk_size=32,sinks=4,top_k=4",
+                       "lm@chunk_size=64,sinks=0,top_k=2", "lm@chunk_size=64,sinks=4,top_k=2"}));
+  // Two groups, the later key first in its group: the axis sits where its first key is written.
+  const ExperimentSpec t = parse_experiment_text(
+      head + "  - name: h\n    type: h2o\n"
+             "    params: {heavy: [8, 16], recent: [8, 16], sinks: [0, 4], label: [a, b]}\n"
+             "    zip: [[recent, heavy], [label, sinks]]\n",
+      "zip2.yaml");
+  names.clear();
+  for (const auto& r : expand_runs(t)) names.push_back(r.name);
+  EXPECT_EQ(names, (std::vector<std::string>{"h@heavy=8,recent=8,sinks=0,label=a", "h@heavy=8,recent=8,sinks=4,label=b",
+                                             "h@heavy=16,recent=16,sinks=0,label=a",
+                                             "h@heavy=16,recent=16,sinks=4,label=b"}));
+}
+
+TEST(Experiment, ZipErrorsNameTheLine) {
+  auto error_of = [](const std::string& policy) {
+    try {
+      parse_experiment_text("model: {path: m.gguf}\nevals: {perplexity: {text: t.txt}}\npolicies:\n" + policy, "z.yaml");
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  const std::string unequal = error_of("  - name: lm\n    type: landmark\n    params: {chunk_size: [16, 32, 64], top_k: [8, 4]}\n"
+                                       "    zip: [chunk_size, top_k]\n");
+  EXPECT_NE(unequal.find("z.yaml:7:23: policies[0].zip[1]: zipped parameters step together, so their lists need "
+                         "one length: 'top_k' has 2 values, 'chunk_size' has 3"),
+            std::string::npos) << unequal;
+  const std::string unknown = error_of("  - name: lm\n    type: landmark\n    params: {chunk_size: [16, 32], top_k: [8, 4]}\n"
+                                       "    zip: [chunk_size, topk]\n");
+  EXPECT_NE(unknown.find("z.yaml:7:23: policies[0].zip[1]: 'topk' is not a parameter of this entry (did you mean 'top_k'?)"),
+            std::string::npos) << unknown;
+  const std::string twice = error_of("  - name: lm\n    type: landmark\n    params: {chunk_size: [16, 32], top_k: [8, 4], window: [1, 2]}\n"
+                                     "    zip: [[chunk_size, top_k], [window, top_k]]\n");
+  EXPECT_NE(twice.find("z.yaml:7:41: policies[0].zip[1][1]: parameter 'top_k' is zipped twice"), std::string::npos) << twice;
+  const std::string alone = error_of("  - name: lm\n    type: landmark\n    params: {chunk_size: [16, 32]}\n    zip: [chunk_size]\n");
+  EXPECT_NE(alone.find("z.yaml:7:10: policies[0].zip: expected a list of at least two parameter names"), std::string::npos) << alone;
+  const std::string scalar = error_of("  - name: lm\n    type: landmark\n    params: {chunk_size: [16, 32]}\n    zip: chunk_size\n");
+  EXPECT_NE(scalar.find("z.yaml:7:10: policies[0].zip: expected a list of parameter names"), std::string::npos) << scalar;
+}
+
 TEST(Experiment, ShardsPartitionTheCells) {
   const ExperimentSpec s = parse_experiment_text(kValid, "demo.yaml");
   const auto cells = expand_cells(s, expand_runs(s));

@@ -492,10 +492,24 @@ bool same_cell_contents(const CellRecord& a, const CellRecord& b, std::string* d
     if (difference) *difference = what;
     return false;
   };
+  // Attributes too compare NaN equal to NaN (recall_mean with probes off is NaN in every run).
+  auto same_attr = [](const AttrValue& x, const AttrValue& y) {
+    if (x.index() != y.index()) return false;
+    auto same = [](double p, double q) { return p == q || (std::isnan(p) && std::isnan(q)); };
+    if (const double* dx = std::get_if<double>(&x)) return same(*dx, std::get<double>(y));
+    if (const auto* vx = std::get_if<std::vector<double>>(&x)) {
+      const auto& vy = std::get<std::vector<double>>(y);
+      if (vx->size() != vy.size()) return false;
+      for (size_t i = 0; i < vx->size(); ++i)
+        if (!same((*vx)[i], vy[i])) return false;
+      return true;
+    }
+    return x == y;
+  };
   for (const auto* pair : {&a, &b}) {
     const CellRecord& other = pair == &a ? b : a;
     for (const auto& [k, v] : pair->attrs)
-      if (!is_timing_attr(k) && (!other.attrs.count(k) || other.attrs.at(k) != v))
+      if (!is_timing_attr(k) && (!other.attrs.count(k) || !same_attr(other.attrs.at(k), v)))
         return differ("attribute " + k);
   }
   if (a.datasets.size() != b.datasets.size()) return differ("dataset count");

@@ -202,6 +202,24 @@ std::string cell_identity(const ExperimentSpec& spec, const RunSpec& run,
   return id;
 }
 
+// engine.prefix_reuse: a forked child gets a fresh policy (a policy's state cannot be copied,
+// engine.h), so a run reuses prefixes only when a fresh policy is what prefilled them: full
+// attention, which keeps no state. Others (every budgeted policy acts or observes during the
+// prefill, or would need a declaration that it does not) prefill every prompt.
+static bool prefix_reuse_allowed(const std::string& type) { return type == "full"; }
+
+// Reuse needs the CPU store's fork and no probes (each snapshot would copy the probe's dense
+// shadow of the cache); otherwise a warning and no reuse.
+static bool prefix_reuse_possible(const ExperimentSpec& spec, Device device, std::FILE* progress) {
+  if (!spec.engine.prefix_reuse) return false;
+  const char* why = device != Device::kCpu ? "the device backends do not fork sequences"
+                    : spec.engine.probe     ? "engine.probe is on (each snapshot would copy the probe's shadow cache)"
+                                            : nullptr;
+  if (!why) return true;
+  if (progress) std::fprintf(progress, "warning: engine.prefix_reuse is off: %s\n", why);
+  return false;
+}
+
 int run_experiment(const ExperimentSpec& spec, const RunOptions& o) {
   std::ostream& out = o.out ? *o.out : std::cout;
   check_device(o.device);
@@ -371,10 +389,17 @@ int run_experiment(const ExperimentSpec& spec, const RunOptions& o) {
   eo.kv_fp8_scale_from_prompt = spec.kv.fp8_scale_from_prompt;
   eo.kv_group_size = spec.kv.group_size;
   eo.kv_residual = spec.kv.residual;
+  // Prefix reuse keeps snapshots beside the live sequence: the default pool gets room for two
+  // more sequences (engine_lm.h PrefixCache drops snapshots when the pool runs short).
+  const bool reuse = prefix_reuse_possible(spec, o.device, o.progress);
+  if (reuse && spec.kv.budget_bytes == 0) eo.max_batch = 3;
   // One engine (one KV store) per kv.format, built when its first cell comes: runs are ordered
   // format by format (cells.h), so one engine is alive at a time.
   std::unique_ptr<Engine> engine;
   std::string engine_format;
+  std::unique_ptr<PrefixCache> cache;  // on `engine`; emptied when the run changes
+  std::string cache_run;
+  int64_t tokens_saved = 0, tokens_fed = 0;
 
   const bool interactive = o.progress_interactive >= 0 ? o.progress_interactive == 1
                                                        : (o.progress && Progress::is_terminal(o.progress));
@@ -384,6 +409,7 @@ int run_experiment(const ExperimentSpec& spec, const RunOptions& o) {
   for (const CellSpec* cell : todo) {
     const RunSpec& run = runs[cell->run];
     if (!engine || engine_format != run.kv_format) {
+      cache.reset();
       engine.reset();
       eo.kv_format = store_config(spec, config, run.kv_format).format;
       engine = std::make_unique<Engine>(*model, eo);
@@ -392,6 +418,12 @@ int run_experiment(const ExperimentSpec& spec, const RunOptions& o) {
     EngineLm lm(*engine, [&registry, &run, shape = policy_shape(config)] {
       return registry.create(run.type, run.params, shape, "policies." + run.name + ".params");
     });
+    if (reuse && prefix_reuse_allowed(run.type)) {
+      if (!cache) cache = std::make_unique<PrefixCache>(*engine);
+      if (cache_run != run.name) cache->clear();  // snapshots are of one run's policy
+      cache_run = run.name;
+      lm.prefix_cache = cache.get();
+    }
     if (progress) {
       progress->cell_started(run.name + " " + cell->id);
       lm.on_tokens = [&](int64_t n) { progress->tokens(n); };
@@ -408,6 +440,11 @@ int run_experiment(const ExperimentSpec& spec, const RunOptions& o) {
            run.name, "', cell ", cell->id, ": ", e.what(), ". Raise kv.budget_bytes (0 = room for the model's "
            "context); the ", n_run, " cell(s) finished in this run are in ", output.string());
     }
+    if (lm.prefix_cache) {
+      rec.attrs["prefill_tokens_saved"] = lm.prefill_tokens_saved;
+      tokens_saved += lm.prefill_tokens_saved;
+    }
+    tokens_fed += lm.prefill_tokens;
     rec.attrs["run"] = run.name;
     rec.attrs["policy_type"] = run.type;
     rec.attrs["effective_params"] = std::get<std::string>(file->run_attrs(run.name).at("effective_params"));
@@ -421,6 +458,11 @@ int run_experiment(const ExperimentSpec& spec, const RunOptions& o) {
     }
   }
   if (progress) progress->finish();
+  cache.reset();
+  if (reuse && o.progress)
+    std::fprintf(o.progress, "prefix reuse: %lld of %lld prompt tokens forked instead of prefilled (%.1f%%)\n",
+                 static_cast<long long>(tokens_saved), static_cast<long long>(tokens_fed),
+                 tokens_fed ? 100.0 * double(tokens_saved) / double(tokens_fed) : 0.0);
   write_summaries(*file, spec);
   file->set_root_attr("end_time", utc_now_iso8601());
   print_report(*file, out);
