@@ -30,7 +30,7 @@ every RULER cell of every run whose policy has a kvpress press (PRESSES below), 
   results file's `threads` root attribute)).
 
 Output: the group /peer/RUN/CELL in the same results file (schema in docs/results_schema.md,
-"peer group"): datasets prediction, score, sample_s, answer_tokens, kv_tokens (mean tokens
+"peer group"): datasets prediction, score, sample_s, sample_cpu_s, answer_tokens, kv_tokens (mean tokens
 resident per layer and KV head after the prefill that ended the compression) and attributes
 press, compression_ratio, query_aware, score (mean), versions, threads. `kvlab report` prints
 them beside kvlab's. A group written before is replaced.
@@ -240,13 +240,13 @@ def main() -> int:
             if s != kv_score[i]:
                 sys.exit(f"kvpress_runner.py: {run}/{cell} sample {i}: this script scores kvlab's prediction "
                          f"{p!r} {s}, kvlab stored {kv_score[i]}: the two scorers differ")
-        preds, scores, secs, ntok, kvt, status = [], [], [], [], [], []
+        preds, scores, secs, cpus, ntok, kvt, status = [], [], [], [], [], [], []
         label = ""
         for i in range(len(plen)):
             press, label, eager = make_press(kvpress, policy, params, int(seeds[i]))
             model.set_attn_implementation("eager" if eager else "sdpa")
             prompt = [int(x) for x in prompts[i, :plen[i]]]
-            t = time.perf_counter()
+            t, c0 = time.perf_counter(), time.process_time()
             try:
                 answer, kv_tokens = run_sample(torch, model, press, prompt, int(qtok[i]), protocol == "query_aware",
                                                max_new, eos)
@@ -256,6 +256,7 @@ def main() -> int:
                 status.append(f"{type(e).__name__}: {e}")
                 print(f"{run}/{cell} sample {i}: {status[-1]}")
             secs.append(time.perf_counter() - t)
+            cpus.append(time.process_time() - c0)
             pred = tok.decode(answer, skip_special_tokens=True)
             preds.append(pred)
             scores.append(score_prediction(task, pred, refs[i]) if status[-1] == "ok" else float("nan"))
@@ -271,6 +272,7 @@ def main() -> int:
             out.create_dataset("prediction", data=np.array(preds, dtype=object), dtype=h5py.string_dtype("utf-8"))
             out.create_dataset("score", data=np.array(scores, dtype=np.float64))
             out.create_dataset("sample_s", data=np.array(secs, dtype=np.float64))
+            out.create_dataset("sample_cpu_s", data=np.array(cpus, dtype=np.float64))
             out.create_dataset("answer_tokens", data=np.array(ntok, dtype=np.int64))
             out.create_dataset("kv_tokens", data=np.array(kvt, dtype=np.float64))
             out.create_dataset("status", data=np.array(status, dtype=object), dtype=h5py.string_dtype("utf-8"))

@@ -73,9 +73,12 @@ with tempfile.TemporaryDirectory() as tmp:
                 groups += 1
                 pc = f["peer"][run][cell]
                 n = len(c["score"])
-                for d in ("prediction", "score", "sample_s", "answer_tokens", "kv_tokens"):
+                for d in ("prediction", "score", "sample_s", "sample_cpu_s", "answer_tokens", "kv_tokens"):
                     if pc[d].shape != (n,):
                         failures.append(f"/peer/{run}/{cell}/{d}: shape {pc[d].shape}, expected ({n},)")
+                # A sample runs at least one forward pass: some CPU time, finite.
+                if not all(0 < x < 1e6 for x in pc["sample_cpu_s"][()]):
+                    failures.append(f"/peer/{run}/{cell}/sample_cpu_s: {pc['sample_cpu_s'][()]}")
                 mine = [x.decode() for x in c["prediction"][()]]
                 theirs = [x.decode() for x in pc["prediction"][()]]
                 qa = c.attrs["protocol"] in (b"query_aware", "query_aware")
