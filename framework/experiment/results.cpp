@@ -126,6 +126,7 @@ AttrValue read_attr(const H5::Attribute& a) {
     if (n != 1) fail(file_prefix(a.getId()), what, " holds ", n, " strings, not one (corrupt file?)");
     H5::StrType t = a.getStrType();
     check_string_type(a.getId(), t.getId(), what);
+    if (t.isVariableStr()) hdf5::check_string_attributes(a.getId(), what);
     std::string s;
     a.read(t, s);
     return s;

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <random>
 
 #include "framework/core/error.h"
@@ -473,6 +474,69 @@ TEST(Results, StringAttributeArrayIsRefused) {
     EXPECT_NE(m.find("attribute 'host' holds 2 strings, not one"), std::string::npos) << m;
   }
   fs::remove_all(path.parent_path());
+}
+
+// A results file whose root attribute 'experiment' (a variable-length string) has its stored
+// value {u32 length, u64 heap collection offset, u32 object index} changed by `patch`; returns
+// the error reading the root attributes gives ("" when it reads).
+std::string string_value_patched(const std::string& name, const std::function<void(char* value)>& patch) {
+  const fs::path path = temp_path(name);
+  const std::string text = "name: seed\nmodel: {path: model.gguf}\n";  // 37 bytes
+  { ResultsFile::create(path, {{"experiment", text}}); }
+  std::string bytes;
+  {
+    std::ifstream in(path, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  EXPECT_EQ(std::get<std::string>(ResultsFile::open(path).root_attrs().at("experiment")), text);
+  const size_t gcol = bytes.find("GCOL");
+  EXPECT_NE(gcol, std::string::npos);
+  std::string value(12, '\0');
+  const uint32_t length = uint32_t(text.size());
+  const uint64_t collection = gcol;
+  std::memcpy(&value[0], &length, 4);
+  std::memcpy(&value[4], &collection, 8);
+  const size_t at = bytes.find(value);
+  EXPECT_NE(at, std::string::npos) << "no stored value {37, " << gcol << ", ...}";
+  if (at == std::string::npos) return "not found";
+  patch(&bytes[at]);
+  { std::ofstream(path, std::ios::binary | std::ios::trunc).write(bytes.data(), bytes.size()); }
+  std::string error;
+  try {
+    (void)ResultsFile::open(path).root_attrs();
+  } catch (const Error& e) {
+    error = e.what();
+    EXPECT_NE(error.find(path.string()), std::string::npos) << error;
+  }
+  fs::remove_all(path.parent_path());
+  return error;
+}
+
+// fuzz_results (ASan: SEGV in libhdf5's H5HG_read): a seed file whose 'experiment' value named
+// heap object 67,108,865 of a 4,096-byte collection. libhdf5 1.10.8 indexes its object table
+// with it unchecked (only an assert).
+TEST(Results, StringValueNamingAMissingHeapObjectIsRefused) {
+  const std::string e = string_value_patched("heap_index.h5", [](char* v) {
+    const uint32_t index = 0x04000001;
+    std::memcpy(v + 12, &index, 4);
+  });
+  EXPECT_NE(e.find("attribute 'experiment': a string value of the object names object 67108865 of the global heap "
+                   "collection at byte"),
+            std::string::npos)
+      << e;
+}
+
+// fuzz/README.md's known libhdf5 allocation: a value claiming 4 GiB - 1 bytes makes libhdf5
+// allocate that much before it reads the (37-byte) heap object; a claim shorter than the object
+// makes it copy the object past its buffer. Both are refused before the read.
+TEST(Results, StringValueLengthMustMatchItsHeapObject) {
+  for (const uint32_t claimed : {0xffffffffu, 5u}) {
+    const std::string e = string_value_patched("heap_length.h5", [&](char* v) { std::memcpy(v, &claimed, 4); });
+    EXPECT_NE(e.find("attribute 'experiment': a string value of the object claims " + std::to_string(claimed) +
+                     " bytes; its global heap object holds 37"),
+              std::string::npos)
+        << e;
+  }
 }
 }  // namespace
 }  // namespace kvlab
