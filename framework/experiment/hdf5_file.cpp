@@ -418,7 +418,6 @@ void check_string_attributes(hid_t attr, const std::string& what) {
   if (d[addr] != 1) fail(in, ": its object header at byte ", addr, " has version ", unsigned(d[addr]), " (corrupt file?)");
   std::vector<std::pair<uint64_t, uint64_t>> chunks{{addr + 16, read_le(d + addr + 8, 4)}};
   for (size_t c = 0; c < chunks.size(); ++c) {
-    if (c == 4096) fail(in, ": its object header continues more than 4096 times (corrupt file?)");
     const auto [start, length] = chunks[c];
     if (start > n || length > n - start) fail(in, ": its object header runs past the end of the file (corrupt file?)");
     for (uint64_t p = start; length - (p - start) >= 8;) {
@@ -428,6 +427,7 @@ void check_string_attributes(hid_t attr, const std::string& what) {
       if (size > start + length - body) break;  // libhdf5 refuses the header itself
       const unsigned char* b = d + body;
       if (type == 0x10 && size >= off_size + len_size) {
+        if (chunks.size() == 4096) fail(in, ": its object header continues more than 4096 times (corrupt file?)");
         chunks.emplace_back(read_le(b, off_size), read_le(b + off_size, len_size));
       } else if (type == 0x0C && size >= 8 && b[0] >= 1 && b[0] <= 3) {
         // Attribute message. Shared datatypes or messages live elsewhere: kvlab writes neither.
