@@ -9,13 +9,18 @@
 #   KVLAB_FUZZ_JOBS=n                  build jobs (default: nproc)
 #   KVLAB_FUZZ_NO_BUILD=1              run what is built (no cmake)
 #   KVLAB_FUZZ_NICE=19                 run the fuzzers under nice (shared machines)
+#   KVLAB_FUZZ_TMPDIR=dir              where targets write their files (default: /dev/shm when
+#                                      writable, else BUILD/tmp)
+#   KVLAB_FUZZ_TIMEOUT=s               libFuzzer's -timeout per input (default 10)
 #
 # Per target: seeds (fuzz/make_corpus.py, regenerated each time into BUILD/seeds/TARGET) and the
 # persistent corpus BUILD/corpus/TARGET (new inputs land there), the dictionary fuzz/dict/*.dict,
 # limits -timeout=10 -rss_limit_mb=2048 -malloc_limit_mb=2048, leak detection on. A crash, leak,
 # timeout or OOM leaves the input in BUILD/artifacts/TARGET/ and makes this script exit 1 after
 # the remaining targets ran; the summary table lists executions, exec/s, coverage (cov, ft), corpus
-# size and result per target (also in BUILD/fuzz-summary.txt; logs in BUILD/logs/). Replay an artifact with
+# size and result per target (also in BUILD/fuzz-summary.txt, the latest invocation's, and in
+# BUILD/fuzz-summary-PID.txt, kept per invocation for side-by-side runs; logs in BUILD/logs/,
+# one per target, the latest run's). Replay an artifact with
 #   BUILD/fuzz/TARGET BUILD/artifacts/TARGET/crash-...      (then add a regression test)
 #
 # A long campaign (10M+ executions per target), in the background on a shared machine:
@@ -26,7 +31,11 @@
 #   BUILD/fuzz/TARGET -merge=1 BUILD/corpus/TARGET.min BUILD/corpus/TARGET && mv ...
 # Several cores: run targets side by side (KVLAB_FUZZ_TARGETS=one per shell), or give one target
 # -fork=N by hand. Fuzz targets write only under their temporary directory (TMPDIR is set to
-# BUILD/tmp here) and are deterministic.
+# KVLAB_FUZZ_TMPDIR/TARGET-PID here) and are deterministic. The temporary directory is in memory
+# by default: fuzz_results writes results files as kvlab does (fsync, rename), and on a busy
+# disk those fsyncs alone passed libFuzzer's 10 s timeout (an input that ran in 1.1 s alone).
+# libFuzzer's -timeout is wall-clock time, so under nice on a loaded machine raise it
+# (KVLAB_FUZZ_TIMEOUT) rather than take a slow run for a hang; replay a timeout without nice.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=${1:-60}
@@ -68,7 +77,12 @@ summary="$build/fuzz-summary-$$.txt"
 printf "%-22s %10s %8s %7s %7s %7s  %s\n" target execs exec/s cov ft corpus result >"$summary"
 failed=0
 for t in "${targets[@]}"; do
-  corpus="$build/corpus/$t" artifacts="$build/artifacts/$t" tmp="$build/tmp/$t"
+  tmp_root=${KVLAB_FUZZ_TMPDIR:-}
+  if [[ -z $tmp_root ]]; then
+    tmp_root="$build/tmp"
+    [[ -d /dev/shm && -w /dev/shm ]] && tmp_root=/dev/shm/kvlab-fuzz
+  fi
+  corpus="$build/corpus/$t" artifacts="$build/artifacts/$t" tmp="$tmp_root/$t-$$"
   mkdir -p "$corpus" "$artifacts" "$tmp"
   runs=()
   [[ -n ${KVLAB_FUZZ_RUNS:-} ]] && runs=(-runs="$KVLAB_FUZZ_RUNS")
@@ -76,7 +90,7 @@ for t in "${targets[@]}"; do
   mkdir -p "$build/logs"
   echo "fuzz: $t for ${seconds}s" >&2
   rc=0
-  TMPDIR="$tmp" nice -n "${KVLAB_FUZZ_NICE:-0}" "$build/fuzz/$t" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
+  TMPDIR="$tmp" nice -n "${KVLAB_FUZZ_NICE:-0}" "$build/fuzz/$t" -max_total_time="$seconds" -timeout="${KVLAB_FUZZ_TIMEOUT:-10}" -rss_limit_mb=2048 \
       -malloc_limit_mb=2048 -print_final_stats=1 -dict="$(dict_of "$t")" -artifact_prefix="$artifacts/" \
       "${runs[@]}" "$corpus" "$seeds/$t" >"$log" 2>&1 || rc=$?
   rm -rf "$tmp"
@@ -94,7 +108,7 @@ for t in "${targets[@]}"; do
       "$(ls "$corpus" | wc -l)" "$result" >>"$summary"
 done
 cat "$summary"
-mv "$summary" "$build/fuzz-summary.txt"
+cp "$summary" "$build/fuzz-summary.txt"
 if ((failed)); then
   echo "fuzz: a target failed; logs in $build/logs, inputs in $build/artifacts" >&2
   exit 1

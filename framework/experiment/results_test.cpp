@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <random>
 
 #include "framework/core/error.h"
@@ -414,6 +415,128 @@ TEST(Results, CorruptGlobalHeapIsRefusedBeforeHdf5ReadsIt) {
         << e.what();
   }
   fs::remove_all(path.parent_path());
+}
+
+// fuzz_results (LeakSanitizer: 211 bytes allocated in libhdf5's H5HG_read, never freed): the input
+// was a seed results file with two bytes changed in the datatype message of the root attribute
+// 'experiment', a variable-length string: its character type said 0 bytes (and big-endian)
+// instead of 1. libhdf5 1.10.8 then reads the heap object into a buffer it allocates itself and
+// loses, and returns an empty string. Rebuilt here from a file kvlab writes; refused by name now.
+TEST(Results, VariableLengthStringOfZeroByteCharactersIsRefused) {
+  const fs::path path = temp_path("vlen_chars.h5");
+  { ResultsFile::create(path, {{"experiment", std::string("name: seed\nmodel: {path: model.gguf}\n")}}); }
+  std::string bytes;
+  {
+    std::ifstream in(path, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  ASSERT_EQ(std::get<std::string>(ResultsFile::open(path).root_attrs().at("experiment")).substr(0, 10), "name: seed");
+  // Datatype message of a UTF-8 variable-length string (version 1, class 9; string, cset 1;
+  // size 16), then its character type: version 1, class 0 (integer), no flags, size 1.
+  const std::string vlen_string("\x19\x01\x01\x00\x10\x00\x00\x00\x10\x00\x00\x00\x01\x00\x00\x00", 16);
+  const size_t at = bytes.find(vlen_string);
+  ASSERT_NE(at, std::string::npos);
+  bytes[at + 9] = 1;   // big-endian, as in the fuzzer's input
+  bytes[at + 12] = 0;  // character size 0
+  { std::ofstream(path, std::ios::binary | std::ios::trunc).write(bytes.data(), bytes.size()); }
+  try {
+    (void)ResultsFile::open(path).root_attrs();
+    ADD_FAILURE() << "0-byte characters accepted";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find(path.string()), std::string::npos) << m;
+    EXPECT_NE(m.find("attribute 'experiment' is a variable-length string of 0-byte characters"), std::string::npos)
+        << m;
+  }
+  fs::remove_all(path.parent_path());
+}
+
+// Found reading the same code: a string attribute holding several variable-length strings made
+// H5::Attribute::read(type, std::string) write every pointer into its one char* (past it, on the
+// stack). kvlab writes one string per attribute; more is refused.
+TEST(Results, StringAttributeArrayIsRefused) {
+  const fs::path path = temp_path("string_array.h5");
+  { ResultsFile::create(path, {{"name", std::string("x")}}); }
+  {
+    H5::H5File h(path.string(), H5F_ACC_RDWR);
+    H5::StrType t(H5::PredType::C_S1, H5T_VARIABLE);
+    const hsize_t n = 2;
+    H5::Attribute a = h.openGroup("/").createAttribute("host", t, H5::DataSpace(1, &n));
+    const char* values[2] = {"one", "two"};
+    a.write(t, values);
+  }
+  try {
+    (void)ResultsFile::open(path).root_attrs();
+    ADD_FAILURE() << "string array attribute accepted";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find(path.string()), std::string::npos) << m;
+    EXPECT_NE(m.find("attribute 'host' holds 2 strings, not one"), std::string::npos) << m;
+  }
+  fs::remove_all(path.parent_path());
+}
+
+// A results file whose root attribute 'experiment' (a variable-length string) has its stored
+// value {u32 length, u64 heap collection offset, u32 object index} changed by `patch`; returns
+// the error reading the root attributes gives ("" when it reads).
+std::string string_value_patched(const std::string& name, const std::function<void(char* value)>& patch) {
+  const fs::path path = temp_path(name);
+  const std::string text = "name: seed\nmodel: {path: model.gguf}\n";  // 37 bytes
+  { ResultsFile::create(path, {{"experiment", text}}); }
+  std::string bytes;
+  {
+    std::ifstream in(path, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  EXPECT_EQ(std::get<std::string>(ResultsFile::open(path).root_attrs().at("experiment")), text);
+  const size_t gcol = bytes.find("GCOL");
+  EXPECT_NE(gcol, std::string::npos);
+  std::string value(12, '\0');
+  const uint32_t length = uint32_t(text.size());
+  const uint64_t collection = gcol;
+  std::memcpy(&value[0], &length, 4);
+  std::memcpy(&value[4], &collection, 8);
+  const size_t at = bytes.find(value);
+  EXPECT_NE(at, std::string::npos) << "no stored value {37, " << gcol << ", ...}";
+  if (at == std::string::npos) return "not found";
+  patch(&bytes[at]);
+  { std::ofstream(path, std::ios::binary | std::ios::trunc).write(bytes.data(), bytes.size()); }
+  std::string error;
+  try {
+    (void)ResultsFile::open(path).root_attrs();
+  } catch (const Error& e) {
+    error = e.what();
+    EXPECT_NE(error.find(path.string()), std::string::npos) << error;
+  }
+  fs::remove_all(path.parent_path());
+  return error;
+}
+
+// fuzz_results (ASan: SEGV in libhdf5's H5HG_read): a seed file whose 'experiment' value named
+// heap object 67,108,865 of a 4,096-byte collection. libhdf5 1.10.8 indexes its object table
+// with it unchecked (only an assert).
+TEST(Results, StringValueNamingAMissingHeapObjectIsRefused) {
+  const std::string e = string_value_patched("heap_index.h5", [](char* v) {
+    const uint32_t index = 0x04000001;
+    std::memcpy(v + 12, &index, 4);
+  });
+  EXPECT_NE(e.find("attribute 'experiment': a string value of the object names object 67108865 of the global heap "
+                   "collection at byte"),
+            std::string::npos)
+      << e;
+}
+
+// fuzz/README.md's known libhdf5 allocation: a value claiming 4 GiB - 1 bytes makes libhdf5
+// allocate that much before it reads the (37-byte) heap object; a claim shorter than the object
+// makes it copy the object past its buffer. Both are refused before the read.
+TEST(Results, StringValueLengthMustMatchItsHeapObject) {
+  for (const uint32_t claimed : {0xffffffffu, 5u}) {
+    const std::string e = string_value_patched("heap_length.h5", [&](char* v) { std::memcpy(v, &claimed, 4); });
+    EXPECT_NE(e.find("attribute 'experiment': a string value of the object claims " + std::to_string(claimed) +
+                     " bytes; its global heap object holds 37"),
+              std::string::npos)
+        << e;
+  }
 }
 }  // namespace
 }  // namespace kvlab
