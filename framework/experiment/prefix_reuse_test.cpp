@@ -56,16 +56,7 @@ TEST_P(PrefixReuse, SweepWithReuseEqualsOneWithout) {
   run_experiment(parse_experiment(write_yaml("reused_" + protocol, reuse_yaml("r", true, protocol))), quiet_options(reused));
   // The YAML texts differ in prefix_reuse only: compare everything else.
   ResultsFile a = ResultsFile::open(plain), b = ResultsFile::open(reused);
-  ASSERT_EQ(a.runs(), b.runs());
-  for (const std::string& run : a.runs()) {
-    EXPECT_EQ(a.run_attrs(run), b.run_attrs(run)) << run;
-    ASSERT_EQ(a.complete_cells(run), b.complete_cells(run)) << run;
-    for (const std::string& cell : a.complete_cells(run)) {
-      std::string diff;
-      EXPECT_TRUE(same_cell_contents(a.read_cell(run, cell), b.read_cell(run, cell), &diff))
-          << run << "/" << cell << ": " << diff;
-    }
-  }
+  expect_same_runs(a, b);
   // Full attention forked prompts: at least every depth after the first shares a 32-token
   // chunk of its trial's excerpt (the needle at depth 25 of 120 tokens sits past token 25,
   // i.e. the first 32-token chunk boundary is shared only where the needle is later: lengths

@@ -89,13 +89,8 @@ inline RunOptions quiet_options(const fs::path& out) {
   return o;
 }
 
-// Equal up to timing attributes: root attributes, runs, every complete cell, every summary.
-inline void expect_same_results(const fs::path& a_path, const fs::path& b_path) {
-  SCOPED_TRACE(a_path.string() + " vs " + b_path.string());
-  ResultsFile a = ResultsFile::open(a_path), b = ResultsFile::open(b_path);
-  const AttrMap ra = a.root_attrs(), rb = b.root_attrs();
-  for (const char* key : {"experiment", "model_sha256", "model_config", "tokenizer", "seeds", "schema_version"})
-    EXPECT_EQ(ra.at(key), rb.at(key)) << key;
+// Equal up to timing attributes: runs, every complete cell, every summary.
+inline void expect_same_runs(ResultsFile& a, ResultsFile& b) {
   ASSERT_EQ(a.runs(), b.runs());
   for (const std::string& run : a.runs()) {
     EXPECT_EQ(a.run_attrs(run), b.run_attrs(run)) << run;
@@ -118,6 +113,16 @@ inline void expect_same_results(const fs::path& a_path, const fs::path& b_path) 
       }
     }
   }
+}
+
+// expect_same_runs, and the root attributes naming the experiment, model and seeds.
+inline void expect_same_results(const fs::path& a_path, const fs::path& b_path) {
+  SCOPED_TRACE(a_path.string() + " vs " + b_path.string());
+  ResultsFile a = ResultsFile::open(a_path), b = ResultsFile::open(b_path);
+  const AttrMap ra = a.root_attrs(), rb = b.root_attrs();
+  for (const char* key : {"experiment", "model_sha256", "model_config", "tokenizer", "seeds", "schema_version"})
+    EXPECT_EQ(ra.at(key), rb.at(key)) << key;
+  expect_same_runs(a, b);
 }
 
 class RunE2e : public ::testing::Test {
