@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "framework/core/error.h"
+#include "framework/core/tool_main.h"
 #include "policies/builtin.h"
 #include "policies/policy_testing.h"
 
@@ -107,11 +108,4 @@ int run(int argc, char** argv) {
 }  // namespace
 }  // namespace kvlab
 
-int main(int argc, char** argv) {
-  try {
-    return kvlab::run(argc, argv);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "kvlab_policy_trace: %s\n", e.what());
-    return 1;
-  }
-}
+int main(int argc, char** argv) { return kvlab::tool_main("kvlab_policy_trace", kvlab::run, argc, argv); }

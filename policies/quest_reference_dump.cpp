@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "framework/core/error.h"
+#include "framework/core/tool_main.h"
 #include "policies/builtin.h"
 #include "policies/policy_testing.h"
 
@@ -116,11 +117,4 @@ int run(int argc, char** argv) {
 }  // namespace
 }  // namespace kvlab
 
-int main(int argc, char** argv) {
-  try {
-    return kvlab::run(argc, argv);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "quest_reference_dump: %s\n", e.what());
-    return 1;
-  }
-}
+int main(int argc, char** argv) { return kvlab::tool_main("quest_reference_dump", kvlab::run, argc, argv); }

@@ -23,6 +23,7 @@
 #include "evals/lm.h"
 #include "evals/perplexity.h"
 #include "framework/core/error.h"
+#include "framework/core/tool_main.h"
 #include "framework/engine/engine.h"
 #include "framework/experiment/engine_lm.h"
 #include "framework/model/model.h"
@@ -143,11 +144,4 @@ int run(int argc, char** argv) {
 }  // namespace
 }  // namespace kvlab
 
-int main(int argc, char** argv) {
-  try {
-    return kvlab::run(argc, argv);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "kvlab_kept_positions: %s\n", e.what());
-    return 1;
-  }
-}
+int main(int argc, char** argv) { return kvlab::tool_main("kvlab_kept_positions", kvlab::run, argc, argv); }
