@@ -45,17 +45,4 @@ auto guarded(const std::filesystem::path& path, const std::string& what, F&& bod
 void replace_file(const std::filesystem::path& path, const std::string& what, bool create,
                   const std::function<void(H5::H5File&)>& body);
 
-// Refuses (kvlab::Error naming the file) a global heap collection whose objects overrun it:
-// libhdf5 1.10 trusts those sizes.
-void check_global_heaps(const std::filesystem::path& path);
-
-// Refuses (kvlab::Error naming the file and `what`) variable-length strings in the attribute
-// messages of the object holding attribute `attr` that libhdf5 1.10.8 would read unchecked: each
-// value names a global heap object {length, collection, index}, and 1.10.8 neither checks the
-// index against the collection (an index past it: SEGV in H5HG_read) nor the length against the
-// object (a claimed 4 GiB is allocated; a longer object is copied past the buffer). Call before
-// reading a string attribute. Reads the file's own bytes: version-1 object headers only (what
-// libhdf5 writes by default, and kvlab), others are refused.
-void check_string_attributes(hid_t attr, const std::string& what);
-
 }  // namespace kvlab::hdf5

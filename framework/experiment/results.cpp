@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "framework/core/error.h"
+#include "framework/experiment/hdf5_checks.h"
 #include "framework/experiment/hdf5_file.h"
 #include "framework/model/mapped_file.h"
 
@@ -24,6 +25,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using hdf5::check_global_heaps;
+using hdf5::check_object_headers;
 using hdf5::guarded;
 using hdf5::hdf5_system_errors;
 using hdf5::open_file;
@@ -328,6 +330,7 @@ ResultsFile ResultsFile::open(const fs::path& path) {
   if (!fs::exists(path)) fail(path.string(), ": results file not found");
   return guarded(path, "opening the results file", [&] {
     if (!H5::H5File::isHdf5(path.string())) fail(path.string(), ": not an HDF5 file");
+    check_object_headers(path);
     check_global_heaps(path);
     H5::H5File f;
     try {

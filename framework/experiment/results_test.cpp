@@ -417,6 +417,75 @@ TEST(Results, CorruptGlobalHeapIsRefusedBeforeHdf5ReadsIt) {
   fs::remove_all(path.parent_path());
 }
 
+// fuzz_results (ASan allocation-size-too-big in H5C_protect, at H5Fopen): a dictionary word
+// written over the root group's object header made the length of its continuation chunk ~8 EiB,
+// which libhdf5 1.10.8 mallocs before comparing it with the file's end. Rebuilt here from a file
+// kvlab writes: the root object header's chunk 0, its continuation and the root group's local
+// heap each claim more bytes than the file holds; each is refused by name before libhdf5 opens
+// the file, and the intact file opens.
+TEST(Results, ObjectHeaderOrHeapPastTheFileIsRefusedBeforeHdf5OpensIt) {
+  const fs::path path = temp_path("ohdr.h5");
+  { ResultsFile::create(path, {{"name", std::string("a string attribute")}, {"count", int64_t(3)}}); }
+  std::string bytes;
+  {
+    std::ifstream in(path, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  ASSERT_EQ(ResultsFile::open(path).root_attrs().count("name"), 1u);  // intact: opens
+  auto u64 = [&](size_t at) {
+    uint64_t v = 0;
+    std::memcpy(&v, &bytes[at], 8);
+    return v;
+  };
+  // Superblock version 0 with 8-byte offsets and lengths (what libhdf5 writes): the root group's
+  // symbol table entry at byte 56 {name offset, object header address, cache type, reserved,
+  // scratch {B-tree, local heap}}.
+  ASSERT_EQ(bytes[8], 0);
+  ASSERT_EQ(bytes[13], 8);
+  ASSERT_EQ(bytes[14], 8);
+  const size_t root = u64(64), heap = u64(88);
+  ASSERT_EQ(bytes[root], 1);                       // a version-1 object header
+  ASSERT_EQ(bytes.compare(heap, 4, "HEAP"), 0);   // the root group's local heap
+  // The continuation message among the root header's chunk-0 messages {u16 type, u16 size, u8
+  // flags, 3 reserved, body}: kvlab's root header has one (its attributes overflow chunk 0).
+  uint32_t chunk0 = 0;
+  std::memcpy(&chunk0, &bytes[root + 8], 4);
+  size_t continuation = 0;
+  for (size_t p = root + 16; p + 8 <= root + 16 + chunk0;) {
+    const unsigned type = uint8_t(bytes[p]) | unsigned(uint8_t(bytes[p + 1])) << 8;
+    const unsigned size = uint8_t(bytes[p + 2]) | unsigned(uint8_t(bytes[p + 3])) << 8;
+    if (type == 0x10) continuation = p + 8;
+    p += 8 + size;
+  }
+  ASSERT_NE(continuation, 0u) << "the root object header has no continuation message";
+  const uint64_t huge = uint64_t(1) << 62;
+  const uint32_t huge32 = 0xfffffff0u;
+  struct Corruption {
+    size_t at;
+    const void* value;
+    size_t size;
+    std::string expected;
+  } cases[] = {
+      {root + 8, &huge32, 4, "the object header at byte " + std::to_string(root) + " has a chunk of 4294967280 bytes"},
+      {continuation + 8, &huge, 8, "the object header at byte " + std::to_string(root) + " has a chunk of 4611686018427387904 bytes"},
+      {heap + 8, &huge, 8, "the local heap at byte " + std::to_string(heap) + " claims 4611686018427387904 bytes"},
+  };
+  for (const Corruption& c : cases) {
+    std::string corrupt = bytes;
+    std::memcpy(&corrupt[c.at], c.value, c.size);
+    { std::ofstream(path, std::ios::binary | std::ios::trunc).write(corrupt.data(), corrupt.size()); }
+    try {
+      ResultsFile::open(path);
+      ADD_FAILURE() << "accepted: " << c.expected;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(path.string() + ": " + c.expected), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("past the end of the " + std::to_string(bytes.size()) + "-byte file"),
+                std::string::npos) << e.what();
+    }
+  }
+  fs::remove_all(path.parent_path());
+}
+
 // fuzz_results (LeakSanitizer: 211 bytes allocated in libhdf5's H5HG_read, never freed): the input
 // was a seed results file with two bytes changed in the datatype message of the root attribute
 // 'experiment', a variable-length string: its character type said 0 bytes (and big-endian)
