@@ -165,7 +165,11 @@ void check_global_heaps(const fs::path& path) {
 // ("TREE", node type 0, level, entries used, siblings, then keys and children interleaved) leads
 // at level 0 to symbol table nodes ("SNOD", version 1, reserved, u16 symbols, entries as the
 // root's), whose entries are the group's members; a local heap ("HEAP", version 0, reserved 3,
-// data segment size, free-list offset, data segment address) holds the members' names.
+// data segment size, free-list offset, data segment address) holds the members' names. A chunked
+// dataset's layout message (IV.A.2.i, version 3, class 2: dimensionality k, B-tree address, ...)
+// leads to a B-tree of node type 1 whose keys are {u32 chunk bytes, u32 filter mask, k u64
+// offsets} and whose level-0 children are the chunks: libhdf5 allocates a chunk's claimed size
+// before reading it (a 4 GiB malloc in H5Dread, fuzz_results).
 void check_object_headers(const fs::path& path) {
   const MappedFile map = MappedFile::open(path);
   const auto* d = reinterpret_cast<const unsigned char*>(map.data());
@@ -182,9 +186,15 @@ void check_object_headers(const fs::path& path) {
       fail(in, ": the local heap at byte ", at, " claims ", size, " bytes at byte ", data, ", past the end of the ",
            n, "-byte file (corrupt file?)");
   };
-  std::vector<uint64_t> headers{read_le(d + sb->root_entry + off, off)}, trees, nodes;
+  struct Tree {
+    uint64_t at;
+    unsigned type;  // 0 a group's B-tree, 1 a chunked dataset's
+    uint64_t key;   // bytes per key
+  };
+  std::vector<uint64_t> headers{read_le(d + sb->root_entry + off, off)}, nodes;
+  std::vector<Tree> trees;
   if (read_le(d + sb->root_entry + 2 * off, 4) == 1) {  // cached symbol table: {B-tree, heap}
-    trees.push_back(read_le(d + sb->root_entry + 2 * off + 8, off));
+    trees.push_back({read_le(d + sb->root_entry + 2 * off + 8, off), 0, len});
     check_heap(read_le(d + sb->root_entry + 3 * off + 8, off));
   }
   std::unordered_set<uint64_t> seen;
@@ -196,20 +206,33 @@ void check_object_headers(const fs::path& path) {
       headers.pop_back();
       if (!first_visit(at)) continue;
       walk_object_header(d, n, at, off, len, in, [&](uint64_t type, const unsigned char* body, uint64_t size, unsigned) {
-        if (type != 0x11 || size < 2 * off) return;  // symbol table message: the object is a group
-        trees.push_back(read_le(body, off));
-        check_heap(read_le(body + off, off));
+        if (type == 0x11 && size >= 2 * off) {  // symbol table message: the object is a group
+          trees.push_back({read_le(body, off), 0, len});
+          check_heap(read_le(body + off, off));
+        } else if (type == 0x08 && size >= 3 + off && body[0] == 3 && body[1] == 2) {  // chunked layout
+          trees.push_back({read_le(body + 3, off), 1, 8 + 8 * uint64_t(body[2])});
+        }
       });
     } else if (!trees.empty()) {
-      const uint64_t at = trees.back();
+      const Tree t = trees.back();
+      const uint64_t at = t.at;
       trees.pop_back();
-      if (!first_visit(at) || !fits(at, 8 + 2 * off) || std::memcmp(d + at, "TREE", 4) != 0 || d[at + 4] != 0) continue;
+      if (!first_visit(at) || !fits(at, 8 + 2 * off) || std::memcmp(d + at, "TREE", 4) != 0 || d[at + 4] != t.type)
+        continue;
       const unsigned level = d[at + 5];
       const uint64_t entries = read_le(d + at + 6, 2);
       for (uint64_t i = 0; i < entries; ++i) {
-        const uint64_t child = at + 8 + 2 * off + i * (len + off) + len;
+        const uint64_t key = at + 8 + 2 * off + i * (t.key + off), child = key + t.key;
         if (!fits(child, off)) break;
-        (level == 0 ? nodes : trees).push_back(read_le(d + child, off));
+        const uint64_t address = read_le(d + child, off);
+        if (level > 0) {
+          trees.push_back({address, t.type, t.key});
+        } else if (t.type == 0) {
+          nodes.push_back(address);
+        } else if (const uint64_t bytes = read_le(d + key, 4); !fits(address, bytes)) {
+          fail(in, ": a dataset chunk at byte ", address, " claims ", bytes, " bytes, past the end of the ", n,
+               "-byte file (corrupt file?)");
+        }
       }
     } else {
       const uint64_t at = nodes.back();
@@ -220,7 +243,7 @@ void check_object_headers(const fs::path& path) {
         const unsigned char* e = d + at + 8 + i * entry;
         headers.push_back(read_le(e + off, off));
         if (read_le(e + 2 * off, 4) == 1) {  // a member group with its symbol table cached
-          trees.push_back(read_le(e + 2 * off + 8, off));
+          trees.push_back({read_le(e + 2 * off + 8, off), 0, len});
           check_heap(read_le(e + 3 * off + 8, off));
         }
       }

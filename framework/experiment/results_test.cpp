@@ -486,6 +486,48 @@ TEST(Results, ObjectHeaderOrHeapPastTheFileIsRefusedBeforeHdf5OpensIt) {
   fs::remove_all(path.parent_path());
 }
 
+// fuzz_results (libFuzzer out-of-memory, malloc(4294967283) in H5Dread): a dataset chunk's size
+// in its B-tree key said ~4 GiB; libhdf5 1.10.8 allocates it before reading the chunk. Rebuilt
+// from a file kvlab writes (the `nll` dataset of a cell, chunked and deflated): refused at open.
+TEST(Results, DatasetChunkPastTheFileIsRefusedBeforeHdf5ReadsIt) {
+  const fs::path path = temp_path("chunk.h5");
+  { ResultsFile::create(path, {}).write_cell("full", "ppl_T0", sample_cell()); }
+  std::string bytes;
+  {
+    std::ifstream in(path, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  // The first level-0 chunk B-tree node ("TREE", type 1, level 0, u16 entries, two 8-byte
+  // siblings, then key 0 {u32 chunk bytes, u32 filter mask, 2 u64 offsets: the cell's datasets
+  // are 1-D} and child 0, a chunk's address).
+  size_t key = 0;
+  uint64_t chunk = 0;
+  for (size_t at = bytes.find("TREE"); at != std::string::npos && key == 0; at = bytes.find("TREE", at + 4)) {
+    if (bytes[at + 4] == 1 && bytes[at + 5] == 0 && at + 24 + 24 + 8 <= bytes.size()) {
+      key = at + 24;
+      std::memcpy(&chunk, &bytes[key + 24], 8);
+    }
+  }
+  ASSERT_NE(key, 0u) << "no chunk B-tree node in a file with a chunked dataset";
+  uint32_t stored = 0;
+  std::memcpy(&stored, &bytes[key], 4);
+  ASSERT_LT(chunk + stored, bytes.size());  // the intact key describes a chunk inside the file
+  const uint32_t huge = 0xfffffff0u;
+  std::memcpy(&bytes[key], &huge, 4);
+  { std::ofstream(path, std::ios::binary | std::ios::trunc).write(bytes.data(), bytes.size()); }
+  try {
+    ResultsFile::open(path).read_cell("full", "ppl_T0");
+    ADD_FAILURE() << "a chunk past the file was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(path.string() + ": a dataset chunk at byte " + std::to_string(chunk) +
+                                         " claims 4294967280 bytes, past the end of the " +
+                                         std::to_string(bytes.size()) + "-byte file"),
+              std::string::npos)
+        << e.what();
+  }
+  fs::remove_all(path.parent_path());
+}
+
 // fuzz_results (LeakSanitizer: 211 bytes allocated in libhdf5's H5HG_read, never freed): the input
 // was a seed results file with two bytes changed in the datatype message of the root attribute
 // 'experiment', a variable-length string: its character type said 0 bytes (and big-endian)
