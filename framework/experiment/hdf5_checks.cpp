@@ -77,7 +77,13 @@ void walk_object_header(const unsigned char* d, size_t n, uint64_t addr, size_t 
       const uint64_t type = read_le(d + p, 2), size = read_le(d + p + 2, 2);
       const uint64_t body = p + 8;
       if (size > start + length - body) break;  // libhdf5 refuses the header itself
-      if (type == 0x10 && size >= off_size + len_size) {
+      // libhdf5 writes version-1 messages padded to 8 bytes and decodes a continuation's 16 bytes
+      // whatever its size says; on such a header it fails and leaks the chunk it was decoding
+      // (LeakSanitizer, 56 bytes from H5FL_blk_malloc at H5Fopen: a continuation of size 0).
+      if (size % 8 != 0 || (type == 0x10 && size != off_size + len_size))
+        fail(in, ": the object header at byte ", addr, " has a message of type ", type, " and ", size,
+             " bytes at byte ", p, ", which libhdf5 does not write (corrupt file?)");
+      if (type == 0x10) {
         if (chunks.size() == 4096) fail(in, ": an object header continues more than 4096 times (corrupt file?)");
         chunks.emplace_back(read_le(d + body, off_size), read_le(d + body + off_size, len_size));
       }
