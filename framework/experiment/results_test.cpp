@@ -167,6 +167,19 @@ void write_file_bytes(const fs::path& p, const std::string& bytes) {
   std::ofstream(p, std::ios::binary | std::ios::trunc).write(bytes.data(), std::streamsize(bytes.size()));
 }
 
+// Reading the root attributes of `path` must fail with an Error naming the file and holding
+// `message`; `accepted` is the failure reported when they read.
+void expect_root_attrs_refused(const fs::path& path, const std::string& message, const char* accepted) {
+  try {
+    (void)ResultsFile::open(path).root_attrs();
+    ADD_FAILURE() << accepted;
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find(path.string()), std::string::npos) << m;
+    EXPECT_NE(m.find(message), std::string::npos) << m;
+  }
+}
+
 ino_t inode_of(const fs::path& p) {
   struct stat st{};
   EXPECT_EQ(::stat(p.c_str(), &st), 0) << p;
@@ -431,15 +444,8 @@ TEST(Results, VariableLengthStringOfZeroByteCharactersIsRefused) {
   bytes[at + 9] = 1;   // big-endian, as in the fuzzer's input
   bytes[at + 12] = 0;  // character size 0
   write_file_bytes(path, bytes);
-  try {
-    (void)ResultsFile::open(path).root_attrs();
-    ADD_FAILURE() << "0-byte characters accepted";
-  } catch (const Error& e) {
-    const std::string m = e.what();
-    EXPECT_NE(m.find(path.string()), std::string::npos) << m;
-    EXPECT_NE(m.find("attribute 'experiment' is a variable-length string of 0-byte characters"), std::string::npos)
-        << m;
-  }
+  expect_root_attrs_refused(path, "attribute 'experiment' is a variable-length string of 0-byte characters",
+                            "0-byte characters accepted");
   fs::remove_all(path.parent_path());
 }
 
@@ -457,14 +463,7 @@ TEST(Results, StringAttributeArrayIsRefused) {
     const char* values[2] = {"one", "two"};
     a.write(t, values);
   }
-  try {
-    (void)ResultsFile::open(path).root_attrs();
-    ADD_FAILURE() << "string array attribute accepted";
-  } catch (const Error& e) {
-    const std::string m = e.what();
-    EXPECT_NE(m.find(path.string()), std::string::npos) << m;
-    EXPECT_NE(m.find("attribute 'host' holds 2 strings, not one"), std::string::npos) << m;
-  }
+  expect_root_attrs_refused(path, "attribute 'host' holds 2 strings, not one", "string array attribute accepted");
   fs::remove_all(path.parent_path());
 }
 
