@@ -15,6 +15,12 @@
 
 namespace kvlab::testing {
 
+// A short haystack text for the NIAH tests (sentences ending in '.', '!' and '?').
+inline const char* const kHay =
+    "Alice was beginning to get very tired. She sat by her sister on the bank! Had she nothing "
+    "to do? Once or twice she had peeped into the book. It had no pictures or conversations in "
+    "it. So she was considering in her own mind what to do. The day was hot.";
+
 // One token per byte; BOS = 256, EOS = 257.
 class ByteTokenizer : public Tokenizer {
  public:

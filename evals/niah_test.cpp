@@ -18,11 +18,7 @@ namespace {
 namespace fs = std::filesystem;
 using testing::ByteTokenizer;
 using testing::FunctionLm;
-
-const char* kHay =
-    "Alice was beginning to get very tired. She sat by her sister on the bank! Had she nothing "
-    "to do? Once or twice she had peeped into the book. It had no pictures or conversations in "
-    "it. So she was considering in her own mind what to do. The day was hot.";
+using testing::kHay;
 
 std::string replace_value(const std::string& needle, const std::string& value) {
   std::string s = needle;

@@ -20,11 +20,7 @@ namespace {
 
 using testing::ByteTokenizer;
 using testing::FunctionLm;
-
-const char* kHay =
-    "Alice was beginning to get very tired. She sat by her sister on the bank! Had she nothing "
-    "to do? Once or twice she had peeped into the book. It had no pictures or conversations in "
-    "it. So she was considering in her own mind what to do. The day was hot.";
+using testing::kHay;
 
 const std::string kNeedlePrefix = "The special magic number is";  // NiahOptions' default needle
 const std::string kQuestion = NiahOptions{}.question;
@@ -78,12 +74,17 @@ class FakeSource final : public TopKeySource {
   std::shared_ptr<CopyState> st_;
 };
 
-TEST(RetrievalHeads, ScoresFollowWhatEachHeadAttends) {
+// What every test starts from: the haystack, the fake's shared state and the fake top-key source.
+class RetrievalHeads : public ::testing::Test {
+ protected:
   ByteTokenizer tok;
   const Haystack hay = make_haystack(tok, kHay);
-  auto st = std::make_shared<CopyState>();
+  std::shared_ptr<CopyState> st = std::make_shared<CopyState>();
+  FakeSource src{st};
+};
+
+TEST_F(RetrievalHeads, ScoresFollowWhatEachHeadAttends) {
   FunctionLm lm(258, copying_fn(st));
-  FakeSource src(st);
   RetrievalCalibrationOptions o;
   o.context_lengths = {200, 300};
   o.depths = {0, 50, 100};
@@ -107,12 +108,9 @@ TEST(RetrievalHeads, ScoresFollowWhatEachHeadAttends) {
   EXPECT_EQ(lm.decoded, 12 * (n - 1));
 }
 
-TEST(RetrievalHeads, AWrongAnswerScoresNoHitWhereTheTokenDiffers) {
+TEST_F(RetrievalHeads, AWrongAnswerScoresNoHitWhereTheTokenDiffers) {
   // The fake emits the copied token except at step 3, where it emits 'x'; a head attending to
   // the would-be copied token then holds a token the model did not emit: no hit at that step.
-  ByteTokenizer tok;
-  const Haystack hay = make_haystack(tok, kHay);
-  auto st = std::make_shared<CopyState>();
   FunctionLm::Fn copy = copying_fn(st);
   FunctionLm lm(258, [&](std::span<const int32_t> ctx) {
     std::vector<float> l = copy(ctx);
@@ -122,7 +120,6 @@ TEST(RetrievalHeads, AWrongAnswerScoresNoHitWhereTheTokenDiffers) {
     }
     return l;
   });
-  FakeSource src(st);
   RetrievalCalibrationOptions o;
   o.context_lengths = {200};
   o.depths = {50};
@@ -133,12 +130,8 @@ TEST(RetrievalHeads, AWrongAnswerScoresNoHitWhereTheTokenDiffers) {
   EXPECT_DOUBLE_EQ(c.head_score[0], double(n - 1) / n);
 }
 
-TEST(RetrievalHeads, BadGridOrShapeIsAnError) {
-  ByteTokenizer tok;
-  const Haystack hay = make_haystack(tok, kHay);
-  auto st = std::make_shared<CopyState>();
+TEST_F(RetrievalHeads, BadGridOrShapeIsAnError) {
   FunctionLm lm(258, copying_fn(st));
-  FakeSource src(st);
   RetrievalCalibrationOptions o;
   o.depths.clear();
   EXPECT_THROW(calibrate_retrieval_heads(lm, src, tok, hay, o), Error);

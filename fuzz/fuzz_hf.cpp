@@ -4,8 +4,8 @@
 // model-00001-of-00001.safetensors that an index usually names. The safetensors header is also
 // read on its own.
 #include "framework/core/error.h"
-#include "framework/model/model.h"
 #include "framework/model/safetensors.h"
+#include "fuzz/fuzz_model.h"
 #include "fuzz/fuzz_util.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -24,13 +24,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     (void)file.tensors().size();
   } catch (const Error&) {
   }
-  try {
-    LoadOptions opts;
-    opts.load_tokenizer = false;
-    const std::unique_ptr<Model> model = load_model(dir, opts);
-    (void)parameter_count(*model);
-    (void)rope_inv_freq(model->config);
-  } catch (const Error&) {
-  }
+  fuzz::load_model_without_tokenizer(dir);
   return 0;
 }

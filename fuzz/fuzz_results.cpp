@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "framework/core/error.h"
+#include "framework/experiment/merge.h"
 #include "framework/experiment/report.h"
 #include "framework/experiment/results.h"
 #include "fuzz/fuzz_util.h"

@@ -254,6 +254,14 @@ std::unique_ptr<AttentionPolicy> make_engine_policy(const PolicyRegistry& r, con
   return r.create(name, params, policy_shape(engine::tiny_model().config), "conformance.params");
 }
 
+// Passes when every logit is within `bound` of `want`; the failure names what `want` is.
+Verdict logits_within(const std::vector<float>& got, const std::vector<float>& want, double bound,
+                      const char* want_name) {
+  if (const float d = testing::max_abs_diff(got, want); !(d <= bound))
+    return Verdict::fail(str_cat("max |logit - ", want_name, "| = ", d, " > ", bound));
+  return Verdict::pass();
+}
+
 Verdict engine_unlimited_equals_full(const PolicyRegistry& r, const Case& c) {
   const Model& m = engine::tiny_model();
   Engine e(m, engine::engine_options());
@@ -265,9 +273,7 @@ Verdict engine_unlimited_equals_full(const PolicyRegistry& r, const Case& c) {
   // the policy's path (explicit selections, eviction bookkeeping) may sum in another order:
   // two differently rounded passes (logit_bound.h)
   const double bound = 2 * logit_bound(m, tokens.size());
-  if (const float d = testing::max_abs_diff(got, full); !(d <= bound))
-    return Verdict::fail(str_cat("max |logit - full| = ", d, " > ", bound));
-  return Verdict::pass();
+  return logits_within(got, full, bound, "full");
 }
 
 Verdict engine_mask_equals_dense(const PolicyRegistry& r, const Case& c) {
@@ -281,9 +287,7 @@ Verdict engine_mask_equals_dense(const PolicyRegistry& r, const Case& c) {
   const auto got = engine::run_logits(e, std::move(p), tokens);
   // against the double-precision masked reference: one fp32 pass (logit_bound.h)
   const double bound = logit_bound(m, tokens.size());
-  if (const float d = testing::max_abs_diff(got, want); !(d <= bound))
-    return Verdict::fail(str_cat("max |logit - dense masked reference| = ", d, " > ", bound));
-  return Verdict::pass();
+  return logits_within(got, want, bound, "dense masked reference");
 }
 
 Verdict engine_resident_within_budget(const PolicyRegistry& r, const Case& c) {

@@ -30,14 +30,6 @@ namespace kvlab::cli {
 
 namespace {
 
-std::string read_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail(path, ": cannot open the haystack file");
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
 // "256,512" -> {256, 512}; Error naming the option on anything else.
 template <typename T>
 std::vector<T> parse_list(const std::string& text, const char* option) {
@@ -116,7 +108,7 @@ int run_calibrate_heads(const std::vector<std::string>& args) {
     if (len < 2 || len > c.max_seq_len)
       fail("--lengths: ", len, " is outside 2..", c.max_seq_len, " (the model's context)");
   const Tokenizer& tok = model->require_tokenizer();
-  const Haystack hay = make_haystack(tok, read_text(hay_path));
+  const Haystack hay = make_haystack(tok, read_input_file(hay_path, "haystack file"));
 
   EngineOptions opts;
   opts.threads = vm["threads"].as<int>();

@@ -3,7 +3,7 @@
 
 #include "framework/cli/options.h"
 #include "framework/core/error.h"
-#include "framework/experiment/report.h"
+#include "framework/experiment/merge.h"
 
 namespace kvlab::cli {
 

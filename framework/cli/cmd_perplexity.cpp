@@ -33,18 +33,6 @@
 
 namespace kvlab::cli {
 
-namespace {
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail(path, ": cannot open the text file");
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-}  // namespace
-
 int run_perplexity(const std::vector<std::string>& args) {
   po::options_description desc("options");
   desc.add_options()
@@ -82,7 +70,7 @@ int run_perplexity(const std::vector<std::string>& args) {
   if (max_tokens < 0) fail("--tokens must be >= 0, got ", max_tokens);
   const int max_windows = vm["max-windows"].as<int>();
   const std::string text_path = vm["text"].as<std::string>();
-  const std::string text = read_file(text_path);
+  const std::string text = read_input_file(text_path, "text file");
 
   const std::unique_ptr<Model> model = load_model_from_options(vm);
   const ModelConfig& c = model->config;

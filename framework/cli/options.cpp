@@ -1,11 +1,21 @@
 #include "framework/cli/options.h"
 
+#include <fstream>
 #include <iostream>
+#include <sstream>
 
 #include "framework/core/error.h"
 #include "framework/core/strings.h"
 
 namespace kvlab::cli {
+
+std::string read_input_file(const std::string& path, const std::string& what) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail(path, ": cannot open the ", what);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
 
 bool parse_options(const std::vector<std::string>& args, const std::string& usage_line,
                    po::options_description& desc, const po::positional_options_description& pos,

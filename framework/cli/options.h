@@ -16,4 +16,8 @@ bool parse_options(const std::vector<std::string>& args, const std::string& usag
                    po::options_description& desc, const po::positional_options_description& pos,
                    po::variables_map& vm);
 
+// The whole file named by an option, as bytes; throws "PATH: cannot open the WHAT" (what = "text
+// file", "haystack file") when it cannot be opened.
+std::string read_input_file(const std::string& path, const std::string& what);
+
 }  // namespace kvlab::cli

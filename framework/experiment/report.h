@@ -1,6 +1,6 @@
-// Summaries assembled from a results file's complete cells, the report tables, and the merge
-// of shard files. Needs no model: everything is read from the file (the experiment's YAML is a
-// root attribute, so the grid can be rebuilt).
+// Summaries assembled from a results file's complete cells, and the report tables (the merge of
+// shard files is framework/experiment/merge.h). Needs no model: everything is read from the file
+// (the experiment's YAML is a root attribute, so the grid can be rebuilt).
 #pragma once
 
 #include <filesystem>
@@ -40,16 +40,5 @@ void print_report(const ResultsFile& file, std::ostream& out, ReportFormat forma
 
 // a < b comparing digit runs as numbers ("h2o_64" < "h2o_512", "x@w=8" < "x@w=16").
 bool natural_less(const std::string& a, const std::string& b);
-
-// Joins shard files into `out`: every complete cell of every shard, root attributes of the
-// shard whose experiment has the most cells (shards of one sweep grown by resume may differ
-// in their YAML), then the summaries. Refuses (an Error naming the files): a file given twice,
-// files of another model, a run whose policy or effective parameters differ between files,
-// and a cell present in two files (overlapping shards: merge takes each cell once). Returns
-// the number of cells.
-int merge_results(const std::filesystem::path& out, const std::vector<std::filesystem::path>& shards);
-
-// True when two cell records are equal except for timing attributes (is_timing_attr).
-bool same_cell_contents(const CellRecord& a, const CellRecord& b, std::string* difference = nullptr);
 
 }  // namespace kvlab

@@ -289,6 +289,15 @@ bool group_complete(const H5::Group& g) {
   return i && *i == 1;
 }
 
+// The group of cell RUN/CELL, read-only; an Error naming the file when there is none.
+H5::Group open_cell(const fs::path& path, const std::string& run, const std::string& cell) {
+  H5::H5File f = open_file(path, H5F_ACC_RDONLY);
+  const std::string p = "runs/" + run + "/cells/" + cell;
+  if (!f.nameExists("runs/" + run) || !f.nameExists("runs/" + run + "/cells") || !f.nameExists(p))
+    fail(path.string(), ": no cell ", run, "/", cell);
+  return f.openGroup(p);
+}
+
 }  // namespace
 
 size_t Dataset::size() const {
@@ -454,11 +463,7 @@ void ResultsFile::write_cell(const std::string& run, const std::string& cell, co
 
 CellRecord ResultsFile::read_cell(const std::string& run, const std::string& cell) const {
   return guarded(path_, "reading cell " + run + "/" + cell, [&] {
-    H5::H5File f = open_file(path_, H5F_ACC_RDONLY);
-    const std::string p = "runs/" + run + "/cells/" + cell;
-    if (!f.nameExists("runs/" + run) || !f.nameExists("runs/" + run + "/cells") || !f.nameExists(p))
-      fail(path_.string(), ": no cell ", run, "/", cell);
-    H5::Group g = f.openGroup(p);
+    const H5::Group g = open_cell(path_, run, cell);
     CellRecord rec;
     rec.attrs = read_attrs(g);
     for (const auto& name : child_names(g)) rec.datasets[name] = read_dataset(g.openDataSet(name));
@@ -468,11 +473,7 @@ CellRecord ResultsFile::read_cell(const std::string& run, const std::string& cel
 
 AttrMap ResultsFile::cell_attrs(const std::string& run, const std::string& cell) const {
   return guarded(path_, "reading cell " + run + "/" + cell, [&] {
-    H5::H5File f = open_file(path_, H5F_ACC_RDONLY);
-    const std::string p = "runs/" + run + "/cells/" + cell;
-    if (!f.nameExists("runs/" + run) || !f.nameExists("runs/" + run + "/cells") || !f.nameExists(p))
-      fail(path_.string(), ": no cell ", run, "/", cell);
-    return read_attrs(f.openGroup(p));
+    return read_attrs(open_cell(path_, run, cell));
   });
 }
 

@@ -163,6 +163,23 @@ std::string file_bytes(const fs::path& p) {
   return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
+void write_file_bytes(const fs::path& p, const std::string& bytes) {
+  std::ofstream(p, std::ios::binary | std::ios::trunc).write(bytes.data(), std::streamsize(bytes.size()));
+}
+
+// Reading the root attributes of `path` must fail with an Error naming the file and holding
+// `message`; `accepted` is the failure reported when they read.
+void expect_root_attrs_refused(const fs::path& path, const std::string& message, const char* accepted) {
+  try {
+    (void)ResultsFile::open(path).root_attrs();
+    ADD_FAILURE() << accepted;
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find(path.string()), std::string::npos) << m;
+    EXPECT_NE(m.find(message), std::string::npos) << m;
+  }
+}
+
 ino_t inode_of(const fs::path& p) {
   struct stat st{};
   EXPECT_EQ(::stat(p.c_str(), &st), 0) << p;
@@ -365,11 +382,7 @@ TEST(Results, CorruptFileFailsAtOnce) {
     ResultsFile f = ResultsFile::create(path, {{"name", std::string("x")}});
     f.ensure_run("full", {{"policy_type", std::string("full")}});
   }
-  std::string bytes;
-  {
-    std::ifstream in(path, std::ios::binary);
-    bytes.assign(std::istreambuf_iterator<char>(in), {});
-  }
+  std::string bytes = file_bytes(path);
   ASSERT_GT(bytes.size(), 1024u);
   for (size_t keep : {size_t{600}, bytes.size() / 2, bytes.size() - 16}) {
     { std::ofstream(path, std::ios::binary | std::ios::trunc).write(bytes.data(), keep); }
@@ -392,11 +405,7 @@ TEST(Results, CorruptFileFailsAtOnce) {
 TEST(Results, CorruptGlobalHeapIsRefusedBeforeHdf5ReadsIt) {
   const fs::path path = temp_path("heap.h5");
   { ResultsFile::create(path, {{"name", std::string("a string attribute, stored in the global heap")}}); }
-  std::string bytes;
-  {
-    std::ifstream in(path, std::ios::binary);
-    bytes.assign(std::istreambuf_iterator<char>(in), {});
-  }
+  std::string bytes = file_bytes(path);
   ASSERT_EQ(ResultsFile::open(path).root_attrs().count("name"), 1u);  // intact: opens
   const size_t gcol = bytes.find("GCOL");
   ASSERT_NE(gcol, std::string::npos);
@@ -406,7 +415,7 @@ TEST(Results, CorruptGlobalHeapIsRefusedBeforeHdf5ReadsIt) {
   ASSERT_EQ(bytes[object], 1);
   const uint64_t huge = 1 << 18;
   std::memcpy(&bytes[object + 8], &huge, 8);
-  { std::ofstream(path, std::ios::binary | std::ios::trunc).write(bytes.data(), bytes.size()); }
+  write_file_bytes(path, bytes);
   try {
     ResultsFile::open(path);
     ADD_FAILURE() << "corrupt global heap accepted";
@@ -542,11 +551,7 @@ TEST(Results, DatasetChunkPastTheFileIsRefusedBeforeHdf5ReadsIt) {
 TEST(Results, VariableLengthStringOfZeroByteCharactersIsRefused) {
   const fs::path path = temp_path("vlen_chars.h5");
   { ResultsFile::create(path, {{"experiment", std::string("name: seed\nmodel: {path: model.gguf}\n")}}); }
-  std::string bytes;
-  {
-    std::ifstream in(path, std::ios::binary);
-    bytes.assign(std::istreambuf_iterator<char>(in), {});
-  }
+  std::string bytes = file_bytes(path);
   ASSERT_EQ(std::get<std::string>(ResultsFile::open(path).root_attrs().at("experiment")).substr(0, 10), "name: seed");
   // Datatype message of a UTF-8 variable-length string (version 1, class 9; string, cset 1;
   // size 16), then its character type: version 1, class 0 (integer), no flags, size 1.
@@ -555,16 +560,9 @@ TEST(Results, VariableLengthStringOfZeroByteCharactersIsRefused) {
   ASSERT_NE(at, std::string::npos);
   bytes[at + 9] = 1;   // big-endian, as in the fuzzer's input
   bytes[at + 12] = 0;  // character size 0
-  { std::ofstream(path, std::ios::binary | std::ios::trunc).write(bytes.data(), bytes.size()); }
-  try {
-    (void)ResultsFile::open(path).root_attrs();
-    ADD_FAILURE() << "0-byte characters accepted";
-  } catch (const Error& e) {
-    const std::string m = e.what();
-    EXPECT_NE(m.find(path.string()), std::string::npos) << m;
-    EXPECT_NE(m.find("attribute 'experiment' is a variable-length string of 0-byte characters"), std::string::npos)
-        << m;
-  }
+  write_file_bytes(path, bytes);
+  expect_root_attrs_refused(path, "attribute 'experiment' is a variable-length string of 0-byte characters",
+                            "0-byte characters accepted");
   fs::remove_all(path.parent_path());
 }
 
@@ -582,14 +580,7 @@ TEST(Results, StringAttributeArrayIsRefused) {
     const char* values[2] = {"one", "two"};
     a.write(t, values);
   }
-  try {
-    (void)ResultsFile::open(path).root_attrs();
-    ADD_FAILURE() << "string array attribute accepted";
-  } catch (const Error& e) {
-    const std::string m = e.what();
-    EXPECT_NE(m.find(path.string()), std::string::npos) << m;
-    EXPECT_NE(m.find("attribute 'host' holds 2 strings, not one"), std::string::npos) << m;
-  }
+  expect_root_attrs_refused(path, "attribute 'host' holds 2 strings, not one", "string array attribute accepted");
   fs::remove_all(path.parent_path());
 }
 
@@ -600,11 +591,7 @@ std::string string_value_patched(const std::string& name, const std::function<vo
   const fs::path path = temp_path(name);
   const std::string text = "name: seed\nmodel: {path: model.gguf}\n";  // 37 bytes
   { ResultsFile::create(path, {{"experiment", text}}); }
-  std::string bytes;
-  {
-    std::ifstream in(path, std::ios::binary);
-    bytes.assign(std::istreambuf_iterator<char>(in), {});
-  }
+  std::string bytes = file_bytes(path);
   EXPECT_EQ(std::get<std::string>(ResultsFile::open(path).root_attrs().at("experiment")), text);
   const size_t gcol = bytes.find("GCOL");
   EXPECT_NE(gcol, std::string::npos);
@@ -617,7 +604,7 @@ std::string string_value_patched(const std::string& name, const std::function<vo
   EXPECT_NE(at, std::string::npos) << "no stored value {37, " << gcol << ", ...}";
   if (at == std::string::npos) return "not found";
   patch(&bytes[at]);
-  { std::ofstream(path, std::ios::binary | std::ios::trunc).write(bytes.data(), bytes.size()); }
+  write_file_bytes(path, bytes);
   std::string error;
   try {
     (void)ResultsFile::open(path).root_attrs();

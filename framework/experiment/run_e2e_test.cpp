@@ -22,7 +22,7 @@
 #include "framework/engine/device.h"
 #include "framework/engine/engine.h"
 #include "framework/experiment/cells.h"
-#include "framework/experiment/report.h"
+#include "framework/experiment/merge.h"
 #include "framework/experiment/results.h"
 #include "framework/experiment/run_e2e_test_util.h"
 #include "framework/experiment/runner.h"

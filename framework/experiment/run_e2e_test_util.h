@@ -14,7 +14,7 @@
 
 #include "evals/niah.h"
 #include "framework/experiment/experiment.h"
-#include "framework/experiment/report.h"
+#include "framework/experiment/merge.h"
 #include "framework/experiment/results.h"
 #include "framework/experiment/runner.h"
 

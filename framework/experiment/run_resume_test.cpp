@@ -22,6 +22,7 @@
 #include "framework/engine/device.h"
 #include "framework/engine/engine.h"
 #include "framework/experiment/cells.h"
+#include "framework/experiment/merge.h"
 #include "framework/experiment/report.h"
 #include "framework/experiment/results.h"
 #include "framework/experiment/run_e2e_test_util.h"
@@ -38,15 +39,21 @@ namespace {
 namespace fs = std::filesystem;
 using namespace e2e_test;  // NOLINT(google-build-using-namespace): the tests' own helpers
 
-TEST_F(RunE2e, ShardsMergedEqualASingleRun) {
+// Runs `spec` as shards 0..n-1 of n into DIR/PREFIXi.h5; returns the files in shard order.
+std::vector<fs::path> run_shards(const ExperimentSpec& spec, const fs::path& dir, const std::string& prefix, int n) {
   std::vector<fs::path> shards;
-  for (int i = 0; i < 3; ++i) {
-    RunOptions o = quiet_options(work_dir() / ("shard" + std::to_string(i) + ".h5"));
-    o.shard = Shard{i, 3};
-    run_experiment(*spec_, o);
+  for (int i = 0; i < n; ++i) {
+    RunOptions o = quiet_options(dir / (prefix + std::to_string(i) + ".h5"));
+    o.shard = Shard{i, n};
+    run_experiment(spec, o);
     shards.push_back(o.output);
-    EXPECT_LT(ResultsFile::open(o.output).complete_cells("full").size(), 7u);
   }
+  return shards;
+}
+
+TEST_F(RunE2e, ShardsMergedEqualASingleRun) {
+  const std::vector<fs::path> shards = run_shards(*spec_, work_dir(), "shard", 3);
+  for (const fs::path& shard : shards) EXPECT_LT(ResultsFile::open(shard).complete_cells("full").size(), 7u);
   const fs::path merged = work_dir() / "merged.h5";
   EXPECT_EQ(merge_results(merged, shards), 28);
   expect_same_results(reference(), merged);
@@ -189,13 +196,7 @@ TEST_F(RunE2e, CellsRecordIdentityEffectiveParametersAndWhatWasRead) {
 }
 
 TEST_F(RunE2e, MergeRefusesDuplicateCellsAndTheSameShardTwice) {
-  std::vector<fs::path> shards;
-  for (int i = 0; i < 2; ++i) {
-    RunOptions o = quiet_options(work_dir() / ("dup" + std::to_string(i) + ".h5"));
-    o.shard = Shard{i, 2};
-    run_experiment(*spec_, o);
-    shards.push_back(o.output);
-  }
+  const std::vector<fs::path> shards = run_shards(*spec_, work_dir(), "dup", 2);
   auto error_of = [](const std::function<void()>& fn) {
     try {
       fn();

@@ -23,6 +23,7 @@ namespace {
 using kv_test::expect_matches;
 using kv_test::Fixture;
 using kv_test::HeadTokens;
+using kv_test::live_slots;
 using kv_test::RandomStoreWalk;
 using kv_test::referenced_blocks;
 using kv_test::Token;
@@ -224,17 +225,13 @@ TEST(KvStore, PerHeadEvictionAndCompactionKeepDataExact) {
         Evictions ev;
         ev.clear(3);
         for (int h = 0; h < 3; ++h) {
-          std::vector<int32_t> live;
-          for (int slot = 0; slot < view.n_slots(); ++slot)
-            if (view.slot_valid(slot, h)) live.push_back(slot);
+          std::vector<int32_t> live = live_slots(view, h);
           live.pop_back();  // keep the newest
           std::shuffle(live.begin(), live.end(), f.rng);
           live.resize(n_drop);
           ev.slots[h] = live;
           // Mirror into the model: the i-th live slot is model[l][h][i].
-          std::vector<int32_t> all_live;
-          for (int slot = 0; slot < view.n_slots(); ++slot)
-            if (view.slot_valid(slot, h)) all_live.push_back(slot);
+          const std::vector<int32_t> all_live = live_slots(view, h);
           std::vector<Token> kept;
           for (size_t i = 0; i < all_live.size(); ++i)
             if (std::find(live.begin(), live.end(), all_live[i]) == live.end())
@@ -368,9 +365,7 @@ TEST(KvStore, RandomOperationsKeepDataAndAccounting) {
             Evictions ev;
             ev.clear(2);
             for (int h = 0; h < 2; ++h) {
-              std::vector<int32_t> live;
-              for (int slot = 0; slot < view.n_slots(); ++slot)
-                if (view.slot_valid(slot, h)) live.push_back(slot);
+              const std::vector<int32_t> live = live_slots(view, h);
               std::vector<Token> kept;
               for (size_t i = 0; i < live.size(); ++i) {
                 if (rng() % 3 == 0) ev.slots[h].push_back(live[i]); else kept.push_back(models[s][l][h][i]);

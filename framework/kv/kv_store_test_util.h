@@ -124,6 +124,14 @@ inline void expect_matches(const KvStore& store_c, SeqId seq, const std::vector<
   }
 }
 
+// The live slots of one KV head of a layer's cache, in slot order.
+inline std::vector<int32_t> live_slots(const LayerCacheView& view, int kv_head) {
+  std::vector<int32_t> live;
+  for (int slot = 0; slot < view.n_slots(); ++slot)
+    if (view.slot_valid(slot, kv_head)) live.push_back(slot);
+  return live;
+}
+
 // The number of distinct blocks the live sequences' block tables reference (a block shared by
 // forks counts once): what the store's blocks_in_use must equal.
 template <class Model>

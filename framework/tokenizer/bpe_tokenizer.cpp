@@ -205,22 +205,19 @@ void BpeTokenizer::merge_word(std::string_view word, std::vector<int32_t>& out) 
 std::string BpeTokenizer::decode(std::span<const int32_t> ids) const {
   std::string out;
   for (const int32_t id : ids) {
-    if (id < 0 || id >= vocab_size())
-      fail(source_, ": token id ", id, " is outside the vocabulary [0, ", vocab_size(), ")");
+    check_token_id(source_, id, vocab_size());
     out += bytes_[id];
   }
   return out;
 }
 
 std::string BpeTokenizer::token_to_piece(int32_t id) const {
-  if (id < 0 || id >= vocab_size())
-    fail(source_, ": token id ", id, " is outside the vocabulary [0, ", vocab_size(), ")");
+  check_token_id(source_, id, vocab_size());
   return bytes_[id];
 }
 
 std::string BpeTokenizer::id_to_token(int32_t id) const {
-  if (id < 0 || id >= vocab_size())
-    fail(source_, ": token id ", id, " is outside the vocabulary [0, ", vocab_size(), ")");
+  check_token_id(source_, id, vocab_size());
   return tokens_[id];
 }
 

@@ -75,11 +75,7 @@ void PreTokenizer::split(std::string_view text, std::vector<std::string_view>& p
   while (pos < text.size()) {
     const size_t run_begin = pos;
     const bool valid = utf8::char_length(text, pos) > 0;
-    while (pos < text.size()) {
-      const size_t len = utf8::char_length(text, pos);
-      if ((len > 0) != valid) break;
-      pos += len > 0 ? len : 1;
-    }
+    pos = utf8::validity_run_end(text, pos);
     const std::string_view run = text.substr(run_begin, pos - run_begin);
     if (!valid) {
       pieces.push_back(run);

@@ -187,14 +187,12 @@ std::string SentencePieceTokenizer::decode(std::span<const int32_t> ids) const {
 }
 
 std::string SentencePieceTokenizer::token_to_piece(int32_t id) const {
-  if (id < 0 || id >= vocab_size())
-    fail(source_, ": token id ", id, " is outside the vocabulary [0, ", vocab_size(), ")");
+  check_token_id(source_, id, vocab_size());
   return surface_[id];
 }
 
 std::string SentencePieceTokenizer::id_to_token(int32_t id) const {
-  if (id < 0 || id >= vocab_size())
-    fail(source_, ": token id ", id, " is outside the vocabulary [0, ", vocab_size(), ")");
+  check_token_id(source_, id, vocab_size());
   return sp_->IdToPiece(id);
 }
 

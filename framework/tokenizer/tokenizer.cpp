@@ -12,6 +12,11 @@
 
 namespace kvlab {
 
+void check_token_id(const std::string& source, int32_t id, int32_t vocab_size) {
+  if (id < 0 || id >= vocab_size)
+    fail(source, ": token id ", id, " is outside the vocabulary [0, ", vocab_size, ")");
+}
+
 StreamDecoder::StreamDecoder(const Tokenizer& tokenizer) : tokenizer_(&tokenizer) {}
 
 std::string StreamDecoder::push(int32_t id) {

@@ -67,6 +67,10 @@ class Tokenizer {
   virtual std::string id_to_token(int32_t id) const = 0;
 };
 
+// Throws kvlab::Error "SOURCE: token id ID is outside the vocabulary [0, VOCAB_SIZE)" unless
+// 0 <= id < vocab_size (what decode, token_to_piece and id_to_token do with a bad id).
+void check_token_id(const std::string& source, int32_t id, int32_t vocab_size);
+
 // Streaming decode: push ids one by one, get back only complete UTF-8 text. A trailing partial
 // UTF-8 sequence (e.g. the first 2 bytes of a 4-byte emoji from byte-fallback pieces) is held
 // back until it completes; bytes that can never start a valid character are passed through.

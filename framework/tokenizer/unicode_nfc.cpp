@@ -39,11 +39,7 @@ std::string nfc_normalize(std::string_view text) {
   while (pos < text.size()) {
     const size_t begin = pos;
     const bool valid = utf8::char_length(text, pos) > 0;
-    while (pos < text.size()) {
-      const size_t len = utf8::char_length(text, pos);
-      if ((len > 0) != valid) break;
-      pos += len > 0 ? len : 1;
-    }
+    pos = utf8::validity_run_end(text, pos);
     if (valid) append_nfc(text.substr(begin, pos - begin), out);
     else out.append(text.substr(begin, pos - begin));
   }

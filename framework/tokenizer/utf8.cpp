@@ -50,6 +50,16 @@ size_t char_length(std::string_view s, size_t pos) {
   return complete ? len : 0;
 }
 
+size_t validity_run_end(std::string_view s, size_t pos) {
+  const bool valid = char_length(s, pos) > 0;
+  while (pos < s.size()) {
+    const size_t len = char_length(s, pos);
+    if ((len > 0) != valid) break;
+    pos += len > 0 ? len : 1;
+  }
+  return pos;
+}
+
 size_t complete_prefix_length(std::string_view s) {
   // Only the last (at most 3) bytes can be an unfinished character: find the last lead byte.
   const size_t n = s.size();

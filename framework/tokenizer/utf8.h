@@ -14,6 +14,10 @@ namespace kvlab::utf8 {
 // form one (invalid lead, bad continuation, overlong, surrogate, too large, or cut by the end).
 size_t char_length(std::string_view s, size_t pos);
 
+// The end of the run that starts at s[pos] (pos < s.size()) and holds only valid characters, or
+// only bytes that are not part of one (which: char_length(s, pos) > 0); the run is never empty.
+size_t validity_run_end(std::string_view s, size_t pos);
+
 // Number of leading bytes of s that can be emitted without splitting a character: all of s,
 // except a trailing sequence that is a valid *prefix* of a character and might still complete.
 size_t complete_prefix_length(std::string_view s);

@@ -12,6 +12,7 @@
 
 #include "kernels/common/online_softmax.h"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/gpu_test.h"
 #include "kernels/cuda/test_util.h"
 #include "kernels/testing/reference_attention.h"
 
@@ -192,13 +193,7 @@ void run_case(const Case& c, uint32_t seed) {
   }
 }
 
-class DecodeAttentionGpu : public ::testing::Test {
- protected:
-  void SetUp() override {
-    const std::string why = no_device_reason();
-    if (!why.empty()) GTEST_SKIP() << "needs a CUDA GPU: " << why;
-  }
-};
+using DecodeAttentionGpu = testing::GpuTest;  // skipped without a CUDA GPU
 
 // The awkward-shape sweep, every storage type.
 template <class T>

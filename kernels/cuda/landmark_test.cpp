@@ -10,18 +10,13 @@
 #include <vector>
 
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/gpu_test.h"
 #include "kernels/cuda/test_util.h"
 
 namespace kvlab::cuda {
 namespace {
 
-class LandmarkGpu : public ::testing::Test {
- protected:
-  void SetUp() override {
-    const std::string why = no_device_reason();
-    if (!why.empty()) GTEST_SKIP() << "needs a CUDA GPU: " << why;
-  }
-};
+using LandmarkGpu = testing::GpuTest;  // skipped without a CUDA GPU
 
 // Reference scores per chunk for one (request, KV head), in double. Not the shared dense
 // reference (kernels/testing/reference_attention.h): a chunk's score is a bound over its

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/gpu_test.h"
 #include "kernels/cuda/device_kv_store.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/rope_table.h"
@@ -21,13 +22,7 @@ namespace {
 
 using testing::random_normal;
 
-class LayerOpsGpu : public ::testing::Test {
- protected:
-  void SetUp() override {
-    const std::string why = no_device_reason();
-    if (!why.empty()) GTEST_SKIP() << "needs a CUDA GPU: " << why;
-  }
-};
+using LayerOpsGpu = testing::GpuTest;  // skipped without a CUDA GPU
 
 TEST_F(LayerOpsGpu, RmsNorm) {
   std::mt19937 rng(1);

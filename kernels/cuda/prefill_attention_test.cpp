@@ -12,6 +12,7 @@
 
 #include "kernels/common/online_softmax.h"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/gpu_test.h"
 #include "kernels/cuda/test_util.h"
 #include "kernels/testing/reference_attention.h"
 
@@ -154,13 +155,7 @@ void run_case(int page_size, int head_dim, int hkv, int group, const std::vector
   }
 }
 
-class PrefillAttentionGpu : public ::testing::Test {
- protected:
-  void SetUp() override {
-    const std::string why = no_device_reason();
-    if (!why.empty()) GTEST_SKIP() << "needs a CUDA GPU: " << why;
-  }
-};
+using PrefillAttentionGpu = testing::GpuTest;  // skipped without a CUDA GPU
 
 template <class T>
 void sweep(uint32_t seed) {

@@ -29,7 +29,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fixtures"))
 from gguf_writer import GgufWriter  # noqa: E402
-from make_fixtures import permute_for_interleaved, synthetic_vocab, write_llama2c_tokenizer  # noqa: E402
+from make_fixtures import (  # noqa: E402
+    add_spm_tokenizer, permute_for_interleaved, synthetic_vocab, write_llama2c_tokenizer)
 
 SHAPES = {
     "110m": dict(dim=768, n_layers=12, n_heads=12, n_kv_heads=12, hidden=2048, vocab=32000, tied=True),
@@ -111,14 +112,7 @@ def gguf_header(path, cfg, name, file_type):
     g.add("llama.attention.layer_norm_rms_epsilon", RMS_EPS)
     g.add("llama.vocab_size", cfg["vocab"], vtype="UINT32")
     pieces, scores, types = vocab(cfg["vocab"])
-    g.add("tokenizer.ggml.model", "llama")
-    g.add_array("tokenizer.ggml.tokens", pieces, "STRING")
-    g.add_array("tokenizer.ggml.scores", scores, "FLOAT32")
-    g.add_array("tokenizer.ggml.token_type", types, "INT32")
-    g.add("tokenizer.ggml.bos_token_id", 1, vtype="UINT32")
-    g.add("tokenizer.ggml.eos_token_id", 2, vtype="UINT32")
-    g.add("tokenizer.ggml.unknown_token_id", 0, vtype="UINT32")
-    g.add("tokenizer.ggml.add_bos_token", True)
+    add_spm_tokenizer(g, pieces, scores, types)
     return g
 
 
