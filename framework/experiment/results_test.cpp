@@ -489,7 +489,7 @@ TEST(Results, CorruptObjectHeaderOrHeapIsRefusedBeforeHdf5OpensIt) {
   for (const Corruption& c : cases) {
     std::string corrupt = bytes;
     std::memcpy(&corrupt[c.at], c.value, c.size);
-    { std::ofstream(path, std::ios::binary | std::ios::trunc).write(corrupt.data(), corrupt.size()); }
+    write_file_bytes(path, corrupt);
     try {
       ResultsFile::open(path);
       ADD_FAILURE() << "accepted: " << c.expected;
@@ -507,11 +507,7 @@ TEST(Results, CorruptObjectHeaderOrHeapIsRefusedBeforeHdf5OpensIt) {
 TEST(Results, DatasetChunkPastTheFileIsRefusedBeforeHdf5ReadsIt) {
   const fs::path path = temp_path("chunk.h5");
   { ResultsFile::create(path, {}).write_cell("full", "ppl_T0", sample_cell()); }
-  std::string bytes;
-  {
-    std::ifstream in(path, std::ios::binary);
-    bytes.assign(std::istreambuf_iterator<char>(in), {});
-  }
+  std::string bytes = file_bytes(path);
   // The first level-0 chunk B-tree node ("TREE", type 1, level 0, u16 entries, two 8-byte
   // siblings, then key 0 {u32 chunk bytes, u32 filter mask, 2 u64 offsets: the cell's datasets
   // are 1-D} and child 0, a chunk's address).
@@ -529,7 +525,7 @@ TEST(Results, DatasetChunkPastTheFileIsRefusedBeforeHdf5ReadsIt) {
   ASSERT_LT(chunk + stored, bytes.size());  // the intact key describes a chunk inside the file
   const uint32_t huge = 0xfffffff0u;
   std::memcpy(&bytes[key], &huge, 4);
-  { std::ofstream(path, std::ios::binary | std::ios::trunc).write(bytes.data(), bytes.size()); }
+  write_file_bytes(path, bytes);
   try {
     ResultsFile::open(path).read_cell("full", "ppl_T0");
     ADD_FAILURE() << "a chunk past the file was accepted";
