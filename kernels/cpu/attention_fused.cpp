@@ -12,43 +12,29 @@
 #include <stdexcept>
 #include <string>
 
-#include "kernels/cpu/cpu_path.h"
+#include "kernels/cpu/linear.h"
 
 namespace kvlab {
 namespace {
 
 // ---- scalar: one element at a time, each code converted once per tile ------------------------
 
-// Element d of key / value row j, decoded as kv_format.h does (int8 / fp8 with their scale).
-float key_elem(const FusedRows& r, int j, int d) {
-  const uint8_t* c = r.k_codes[j];
+// Element d of key (key = true) or value row j, decoded as kv_format.h does (int8 / fp8 with
+// their scale).
+float elem(const FusedRows& r, bool key, int j, int d) {
+  const uint8_t* c = key ? r.k_codes[j] : r.v_codes[j];
   switch (r.format) {
     case KvFormat::kBf16: { uint16_t b; std::memcpy(&b, c + 2 * d, 2); return kv_decode_bf16(b); }
     case KvFormat::kF16: { uint16_t h; std::memcpy(&h, c + 2 * d, 2); return kv_decode_f16(h); }
-    case KvFormat::kInt8: return static_cast<float>(static_cast<int8_t>(c[d])) * r.k_scale[j];
+    case KvFormat::kInt8: return static_cast<float>(static_cast<int8_t>(c[d])) * (key ? r.k_scale : r.v_scale)[j];
     case KvFormat::kFp8E4m3:
-    case KvFormat::kFp8E5m2: return r.fp8_table[c[d]] * r.k_scale[j];
+    case KvFormat::kFp8E5m2: return r.fp8_table[c[d]] * (key ? r.k_scale : r.v_scale)[j];
     case KvFormat::kInt4:
     case KvFormat::kInt2: {
-      const float* m = r.k_meta[j];
-      return kv_kivi_value(kv_kivi_get(c, d, kv_format_bits(r.format)), m[d], m[r.head_dim + d]);
-    }
-    case KvFormat::kF32: break;
-  }
-  return 0.f;
-}
-float value_elem(const FusedRows& r, int j, int d) {
-  const uint8_t* c = r.v_codes[j];
-  switch (r.format) {
-    case KvFormat::kBf16: { uint16_t b; std::memcpy(&b, c + 2 * d, 2); return kv_decode_bf16(b); }
-    case KvFormat::kF16: { uint16_t h; std::memcpy(&h, c + 2 * d, 2); return kv_decode_f16(h); }
-    case KvFormat::kInt8: return static_cast<float>(static_cast<int8_t>(c[d])) * r.v_scale[j];
-    case KvFormat::kFp8E4m3:
-    case KvFormat::kFp8E5m2: return r.fp8_table[c[d]] * r.v_scale[j];
-    case KvFormat::kInt4:
-    case KvFormat::kInt2: {
+      const uint32_t q = kv_kivi_get(c, d, kv_format_bits(r.format));
+      if (key) return kv_kivi_value(q, r.k_meta[j][d], r.k_meta[j][r.head_dim + d]);
       const float* sz = r.v_meta[j] + 2 * (d / r.group_size);
-      return kv_kivi_value(kv_kivi_get(c, d, kv_format_bits(r.format)), sz[0], sz[1]);
+      return kv_kivi_value(q, sz[0], sz[1]);
     }
     case KvFormat::kF32: break;
   }
@@ -61,7 +47,7 @@ void scores_scalar(const FusedRows& r, const float* q, int n_q, float* S, int ld
   for (int j = 0; j < r.n; ++j) {
     std::fill(acc, acc + n_q, 0.f);
     for (int d = 0; d < D; ++d) {
-      const float x = key_elem(r, j, d);
+      const float x = elem(r, true, j, d);
       for (int i = 0; i < n_q; ++i) acc[i] += q[static_cast<size_t>(i) * D + d] * x;
     }
     for (int i = 0; i < n_q; ++i) S[static_cast<size_t>(i) * ld + j] = acc[i];
@@ -74,7 +60,7 @@ void pv_scalar(const FusedRows& r, float* o, const float* alpha, const float* P,
     for (int d = 0; d < D; ++d) o[static_cast<size_t>(i) * D + d] *= alpha[i];
   for (int j = 0; j < r.n; ++j)
     for (int d = 0; d < D; ++d) {
-      const float x = value_elem(r, j, d);
+      const float x = elem(r, false, j, d);
       for (int i = 0; i < n_q; ++i) o[static_cast<size_t>(i) * D + d] += P[static_cast<size_t>(i) * ld + j] * x;
     }
 }
@@ -127,24 +113,17 @@ namespace fused_avx512 {
 // ---- dispatch ------------------------------------------------------------------------------------
 
 namespace {
-bool detect(FusedIsa isa) {
-  __builtin_cpu_init();
-  switch (isa) {
-    case FusedIsa::kScalar: return true;
-    case FusedIsa::kAvx2: return cpu_has_avx2_fma_f16c();
-    case FusedIsa::kAvx512:
-      return cpu_has_avx2_fma_f16c() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
-  }
-  return false;
-}
 std::atomic<int> g_forced{-1};
 }  // namespace
 
+// The same cpuid (and OS state) checks as the dense layers' matvec (linear.h).
 bool fused_isa_supported(FusedIsa isa) {
-  static const bool supported[3] = {detect(FusedIsa::kScalar), detect(FusedIsa::kAvx2), detect(FusedIsa::kAvx512)};
-  const auto i = static_cast<size_t>(isa);
-  return i < 3 && supported[i];
+  switch (isa) {
+    case FusedIsa::kScalar: return true;
+    case FusedIsa::kAvx2: return matvec_isa_supported(MatvecIsa::kAvx2);
+    case FusedIsa::kAvx512: return matvec_isa_supported(MatvecIsa::kAvx512);
+  }
+  return false;
 }
 
 FusedIsa fused_isa() {
