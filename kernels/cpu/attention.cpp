@@ -293,7 +293,7 @@ void run_item(const AttentionArgs& a, const WorkItem& it, float* lse_all, bool d
   const bool mass = a.key_mass != nullptr || a.head_mass != nullptr;
   if (mass) { sc.raw_s.clear(); sc.raw_slot.clear(); sc.raw_n.clear(); }
   // The fused kernels' instruction set: the portable instance's scalar one, else cpuid's best.
-  const FusedIsa isa = KVLAB_ATTENTION_AVX2 ? fused_isa() : FusedIsa::kScalar;
+  const FusedIsa isa = KVLAB_ATTENTION_AVX2 ? fused_isa() : FusedIsa::kPortable;
   while (walker.next(t)) {
     if (t.coded)
       coded_tile_scores(a, isa, iq, t, sc, S);

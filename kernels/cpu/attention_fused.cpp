@@ -116,36 +116,17 @@ namespace {
 std::atomic<int> g_forced{-1};
 }  // namespace
 
-// The same cpuid (and OS state) checks as the dense layers' matvec (linear.h).
-bool fused_isa_supported(FusedIsa isa) {
-  switch (isa) {
-    case FusedIsa::kScalar: return true;
-    case FusedIsa::kAvx2: return matvec_isa_supported(MatvecIsa::kAvx2);
-    case FusedIsa::kAvx512: return matvec_isa_supported(MatvecIsa::kAvx512);
-  }
-  return false;
-}
-
 FusedIsa fused_isa() {
-  static const FusedIsa best = fused_isa_supported(FusedIsa::kAvx512) ? FusedIsa::kAvx512
-                               : fused_isa_supported(FusedIsa::kAvx2)  ? FusedIsa::kAvx2
-                                                                       : FusedIsa::kScalar;
+  static const FusedIsa best = matvec_isa_supported(FusedIsa::kAvx512) ? FusedIsa::kAvx512
+                               : matvec_isa_supported(FusedIsa::kAvx2)  ? FusedIsa::kAvx2
+                                                                        : FusedIsa::kPortable;
   const int forced = g_forced.load(std::memory_order_relaxed);
   return forced < 0 ? best : static_cast<FusedIsa>(forced);
 }
 
 void set_fused_isa_for_tests(FusedIsa isa) {
-  if (!fused_isa_supported(isa)) throw std::invalid_argument(std::string("fused attention: this CPU lacks ") + to_string(isa));
+  if (!matvec_isa_supported(isa)) throw std::invalid_argument(std::string("fused attention: this CPU lacks ") + to_string(isa));
   g_forced.store(static_cast<int>(isa), std::memory_order_relaxed);
-}
-
-const char* to_string(FusedIsa isa) {
-  switch (isa) {
-    case FusedIsa::kScalar: return "scalar";
-    case FusedIsa::kAvx2: return "avx2";
-    case FusedIsa::kAvx512: return "avx512";
-  }
-  return "?";
 }
 
 void fused_scores(FusedIsa isa, const FusedRows& r, const float* q, int n_q, float* S, int ld) {

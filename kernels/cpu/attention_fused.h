@@ -22,10 +22,13 @@
 #include <cstdint>
 
 #include "kernels/common/kv_format.h"
+#include "kernels/cpu/linear.h"
 
 namespace kvlab {
 
-enum class FusedIsa { kScalar, kAvx2, kAvx512 };
+// The instruction sets are the dense layers' (linear.h: kPortable = the scalar kernel here, kAvx2,
+// kAvx512), detected by the same cpuid checks (matvec_isa_supported, to_string).
+using FusedIsa = MatvecIsa;
 
 inline constexpr int kFusedMaxKeys = 32;  // keys per tile (attention.cpp's kTile at most)
 inline constexpr int kFusedMaxQ = 32;     // query vectors per call (its kMaxQ at most)
@@ -48,14 +51,11 @@ struct FusedRows {
 void fused_scores(FusedIsa isa, const FusedRows& r, const float* q, int n_q, float* S, int ld);
 void fused_pv(FusedIsa isa, const FusedRows& r, float* o, const float* alpha, const float* P, int ld, int n_q);
 
-// What this CPU runs (cpuid, once): kAvx512 with AVX-512 F/BW/VL/DQ + AVX2/FMA/F16C, else kAvx2
-// with AVX2/FMA/F16C, else kScalar.
-bool fused_isa_supported(FusedIsa isa);
-// The ISA the AVX2 instance of attention() uses: the best supported one, or the one a test set.
+// The ISA the AVX2 instance of attention() uses: the best matvec_isa_supported() one, or the one
+// a test set.
 FusedIsa fused_isa();
 // Tests only: force an ISA for the AVX2 instance (one the CPU supports; std::invalid_argument
 // otherwise); kept until the next call. Not thread-safe against concurrent attention() calls.
 void set_fused_isa_for_tests(FusedIsa isa);
-const char* to_string(FusedIsa isa);
 
 }  // namespace kvlab

@@ -508,10 +508,10 @@ struct FusedIsaGuard {
 // Every (path, fused ISA) pair this CPU runs: the portable path (scalar), the AVX2 path with
 // each of the SIMD kernels the CPU has.
 std::vector<std::pair<CpuPath, FusedIsa>> fused_paths() {
-  std::vector<std::pair<CpuPath, FusedIsa>> p = {{CpuPath::kPortable, FusedIsa::kScalar}};
+  std::vector<std::pair<CpuPath, FusedIsa>> p = {{CpuPath::kPortable, FusedIsa::kPortable}};
   if (cpu_has_avx2_fma_f16c())
-    for (FusedIsa isa : {FusedIsa::kScalar, FusedIsa::kAvx2, FusedIsa::kAvx512})
-      if (fused_isa_supported(isa)) p.push_back({CpuPath::kAvx2, isa});
+    for (FusedIsa isa : {FusedIsa::kPortable, FusedIsa::kAvx2, FusedIsa::kAvx512})
+      if (matvec_isa_supported(isa)) p.push_back({CpuPath::kAvx2, isa});
   return p;
 }
 
