@@ -20,6 +20,7 @@
 #include "framework/policy/layer_kv_cache_view.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/attention_stats.h"
+#include "kernels/cpu/attention_test_util.h"
 #include "kernels/testing/reference_attention.h"
 
 namespace kvlab {
@@ -72,11 +73,13 @@ TEST(KvStore, AttentionOverStoreMatchesDenseReference) {
 }
 
 // Attention over a store in any format equals attention over an f32 store holding the
-// dequantised rows, bit for bit, on every kernel (tiled AVX2 and portable, 1 and 2 threads, the
-// naive reference, window_attention; out, LSE, key_mass): the kernels decode exactly and then do
-// the f32 arithmetic in the same order, so the f32 kernels' tolerances against the fp64
-// reference (kernels/cpu/attention_test.cpp) carry over unchanged. Awkward sizes, holes from
-// per-head eviction (compaction), rope at read, an explicit selection.
+// dequantised rows: bit for bit where the kernel decodes each row exactly and then does the f32
+// arithmetic in the same order (the naive reference, window_attention, and the tiled kernels with
+// rope at read, which decode into the tile's scratch: out, LSE, key_mass), so the f32 kernels'
+// tolerances against the fp64 reference (kernels/cpu/attention_test.cpp) carry over unchanged;
+// within those tolerances (attention_test_util.h) where the tiled kernels fuse the decode into
+// their products (no rope at read: tiled AVX2 and portable, 1 and 2 threads). Awkward sizes,
+// holes from per-head eviction (compaction), rope at read, an explicit selection.
 TEST(KvFormat, AttentionEqualsF32AttentionOverTheDequantisedRows) {
   std::mt19937 rng(15);
   std::normal_distribution<float> nd(0.f, 1.f);
@@ -141,11 +144,11 @@ TEST(KvFormat, AttentionEqualsF32AttentionOverTheDequantisedRows) {
           rc.head_dim = D;
           RopeTable table(rc, 64);
           const bool explicit_sel = !kivi && rng() % 2 == 0;  // (slot ranges: same slot numbers only)
-          auto run = [&](const LayerKv& kv, int which) {
-            std::vector<int32_t> rank(size_t(kv.n_slots) * H);
+          // The arguments over kv (rank and sel hold what they point to).
+          auto make_args = [&](const LayerKv& kv, std::vector<int32_t>& rank, KeySelection& sel) {
+            rank.resize(size_t(kv.n_slots) * H);
             cache_rank_positions(kv, rank.data());
             for (auto& r : rank) r = std::max(r, 0);
-            KeySelection sel;
             if (explicit_sel) {
               sel.begin(rows, H);
               for (int r = 0; r < rows; ++r)
@@ -161,6 +164,12 @@ TEST(KvFormat, AttentionEqualsF32AttentionOverTheDequantisedRows) {
               a.key_rope_pos = rank.data();
             }
             if (explicit_sel) a.selection = &sel;
+            return a;
+          };
+          auto run = [&](const LayerKv& kv, int which) {
+            std::vector<int32_t> rank;
+            KeySelection sel;
+            AttentionArgs a = make_args(kv, rank, sel);
             std::vector<float> out(q.size()), lse(size_t(rows) * nh), mass(size_t(H) * kv.n_slots, 0.f);
             a.out = out.data(), a.lse = lse.data(), a.key_mass = mass.data();
             if (which == 0) attention_naive(a);
@@ -185,11 +194,46 @@ TEST(KvFormat, AttentionEqualsF32AttentionOverTheDequantisedRows) {
           };
           for (int which = 0; which < 6; ++which) {
             if (which >= 3 && which <= 4 && !cpu_has_avx2_fma_f16c()) continue;
+            if (which >= 1 && which <= 4 && !rope && format != KvFormat::kF32) continue;  // fused: below
             const std::vector<float> got = run(qkv, which), want = run(mkv, which);
             ASSERT_EQ(got.size(), want.size());
             for (size_t i = 0; i < got.size(); ++i)
               ASSERT_EQ(std::bit_cast<uint32_t>(got[i]), std::bit_cast<uint32_t>(want[i]))
                   << "kernel " << which << " element " << i << ": " << got[i] << " vs " << want[i];
+          }
+          if (!rope && format != KvFormat::kF32) {
+            // The tiled kernels without rope at read run the fused decode (attention_fused.h):
+            // the reference over the dequantised rows within attention_test_util.h's bounds
+            // (computed on the f32 mirror; extra_roundings 2 for int8 / fp8), key mass per valid
+            // slot in slot order (= position order in both stores).
+            std::vector<int32_t> rq, rm;
+            KeySelection sq, sm;
+            float dummy = 0;
+            AttentionArgs aq = make_args(qkv, rq, sq), am = make_args(mkv, rm, sm);
+            aq.key_mass = am.key_mass = &dummy;  // attention_test::run substitutes a buffer
+            const attention_test::Outputs ref = attention_test::run(am, false, 1);
+            const bool scaled = format == KvFormat::kInt8 || kv_format_has_head_scale(format);
+            const attention_test::Tolerances tol = attention_test::tolerances(am, ref, scaled ? 2 : 0);
+            auto live = [&](const LayerKv& kv, const std::vector<float>& mass) {
+              std::vector<float> x;
+              for (int g = 0; g < H; ++g)
+                for (int s = 0; s < kv.n_slots; ++s)
+                  if (kv.is_valid(s, g)) x.push_back(mass[size_t(g) * kv.n_slots + s]);
+              return x;
+            };
+            const std::vector<float> ref_mass = live(mkv, ref.mass), tol_mass = live(mkv, tol.mass);
+            for (CpuPath path : attention_test::paths())
+              for (int threads : {1, 2}) {
+                attention_test::Outputs got = attention_test::run(aq, true, threads, path);
+                got.mass = live(qkv, got.mass);
+                attention_test::Outputs want = ref;
+                want.mass = ref_mass;
+                attention_test::Tolerances t = tol;
+                t.mass = tol_mass;
+                attention_test::expect_close(want, got, t, std::string("fused, path ") + to_string(path) +
+                                                               " threads " + std::to_string(threads));
+                if (HasFatalFailure()) return;
+              }
           }
           ++cases;
         }

@@ -16,11 +16,14 @@
 // head_mass is formed from the same kept scores, one row per query of the window.
 //
 // Storage formats (kernels/common/kv_format.h): with a store in any format but f32 the walker
-// decodes each candidate key's and value's row, as it enters the tile, into the tile's scratch
-// rows (kTile x D floats each, in L1) and the tile runs on those: the cache is read once, in its
-// stored bytes, and never copied to full precision. The decoded floats are exactly
-// kv_decode_row's (the conversions are exact; int8 / fp8 multiply by the same float scale), so
-// the fast path reads the same values as attention_naive.
+// hands each tile its rows as stored (codes, scales, KIVI metadata) and the tile's two products
+// run with the decode fused in (attention_fused.h: codes converted in registers, AVX-512 or AVX2
+// chosen from cpuid, scalar on the portable path): no row is decoded into memory. The result
+// equals attention over the dequantised rows up to float rounding (summation order; int8 / fp8
+// apply their scale once per dot product and per probability). With rope at read a key must be
+// rotated as floats, so there the walker decodes each key's and value's row into the tile's
+// scratch (kTile x D floats, in L1) exactly as kv_decode_row does, and the f32 tile runs on
+// those. KIVI's fp32 residual rows come in tiles of their own and take the f32 path.
 //
 // This file is compiled twice (cpu_path.h): as itself, the portable instance (plain loops, the
 // build's baseline ISA; it also holds the dispatching attention()), and through
@@ -42,6 +45,7 @@
 #include "kernels/common/online_softmax.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/attention_common.h"
+#include "kernels/cpu/attention_fused.h"
 #include "kernels/cpu/cpu_path.h"
 #include "kernels/cpu/thread_pool.h"
 
@@ -70,6 +74,7 @@ namespace {
 constexpr int kTile = 32;   // keys per tile (a multiple of 8)
 constexpr int kMaxQ = 32;   // query vectors per work item
 static_assert(kTile % 8 == 0);
+static_assert(kTile <= kFusedMaxKeys && kMaxQ <= kFusedMaxQ);
 
 // The 8-wide helpers (AVX2 instance only), then the key walker; split out only for length.
 #include "kernels/cpu/attention_simd.inc"  // NOLINT(bugprone-suspicious-include)
@@ -102,14 +107,42 @@ ItemQueries item_queries(const AttentionArgs& a, const WorkItem& it, Scratch& sc
   return iq;
 }
 
+// Padding past t.n and causality per query: -inf.
+void mask_scores(const ItemQueries& iq, const KeyTile& t, float* S) {
+  int64_t tile_max_pos = INT64_MIN;
+  for (int j = 0; j < t.n; ++j) tile_max_pos = std::max(tile_max_pos, t.pos[j]);
+  for (int q = 0; q < iq.n; ++q) {
+    float* row = S + static_cast<size_t>(q) * kTile;
+    for (int j = t.n; j < kTile; ++j) row[j] = kNegInf;
+    if (tile_max_pos > iq.pos[q])
+      for (int j = 0; j < t.n; ++j)
+        if (t.pos[j] > iq.pos[q]) row[j] = kNegInf;
+  }
+}
+
+// The fused kernels' view of a tile of coded rows.
+FusedRows fused_rows(const AttentionArgs& a, const KeyTile& t) {
+  FusedRows r;
+  r.format = a.kv.format();
+  r.n = t.n;
+  r.head_dim = a.head_dim;
+  r.group_size = a.kv.layout.group_size;
+  r.k_codes = t.kc;
+  r.v_codes = t.vc;
+  r.k_scale = t.ks;
+  r.v_scale = t.vs;
+  r.k_meta = t.km;
+  r.v_meta = t.vm;
+  if (kv_format_has_head_scale(r.format)) r.fp8_table = fp8_table(r.format);
+  return r;
+}
+
 // S[q][0..kTile) for every query of the item: scores of the tile's keys, -inf where masked
 // (causality per query, and the padding past t.n).
 void tile_scores(const ItemQueries& iq, const KeyTile& t, const Scratch& sc, float* S, int D) {
   const bool simd = KVLAB_ATTENTION_AVX2 && D % 8 == 0;
   const float* kp[kTile];
   for (int j = 0; j < kTile; ++j) kp[j] = j < t.n ? t.k[j] : sc.zeros.data();
-  int64_t tile_max_pos = INT64_MIN;
-  for (int j = 0; j < t.n; ++j) tile_max_pos = std::max(tile_max_pos, t.pos[j]);
   int q = 0;
 #if KVLAB_ATTENTION_AVX2
   const int n8 = (t.n + 7) / 8 * 8;
@@ -143,14 +176,15 @@ void tile_scores(const ItemQueries& iq, const KeyTile& t, const Scratch& sc, flo
       }
     }
   }
-  // Padding and causality.
-  for (q = 0; q < iq.n; ++q) {
-    float* row = S + static_cast<size_t>(q) * kTile;
-    for (int j = t.n; j < kTile; ++j) row[j] = kNegInf;
-    if (tile_max_pos > iq.pos[q])
-      for (int j = 0; j < t.n; ++j)
-        if (t.pos[j] > iq.pos[q]) row[j] = kNegInf;
-  }
+  mask_scores(iq, t, S);
+}
+
+// A tile of coded rows (any format but f32, no rope at read): the same scores with the format's
+// decode fused into the dot products (attention_fused.h), then the same masks.
+void coded_tile_scores(const AttentionArgs& a, FusedIsa isa, const ItemQueries& iq, const KeyTile& t,
+                       const Scratch& sc, float* S) {
+  fused_scores(isa, fused_rows(a, t), sc.q.data(), iq.n, S, kTile);
+  mask_scores(iq, t, S);
 }
 
 // Column sums of one item: where its keys go when key_mass / head_mass is set.
@@ -258,8 +292,13 @@ void run_item(const AttentionArgs& a, const WorkItem& it, float* lse_all, bool d
   const bool simd = KVLAB_ATTENTION_AVX2 && D % 8 == 0;
   const bool mass = a.key_mass != nullptr || a.head_mass != nullptr;
   if (mass) { sc.raw_s.clear(); sc.raw_slot.clear(); sc.raw_n.clear(); }
+  // The fused kernels' instruction set: the portable instance's scalar one, else cpuid's best.
+  const FusedIsa isa = KVLAB_ATTENTION_AVX2 ? fused_isa() : FusedIsa::kPortable;
   while (walker.next(t)) {
-    tile_scores(iq, t, sc, S, D);
+    if (t.coded)
+      coded_tile_scores(a, isa, iq, t, sc, S);
+    else
+      tile_scores(iq, t, sc, S, D);
     if (a.softcap > 0) softcap_scores(S, iq.n, t.n, a.softcap);
     if (mass) {  // keep the raw scores for the column sums (S is overwritten by p below)
       sc.raw_s.insert(sc.raw_s.end(), S, S + static_cast<size_t>(iq.n) * kTile);
@@ -297,6 +336,10 @@ void run_item(const AttentionArgs& a, const WorkItem& it, float* lse_all, bool d
 #endif
     }
     // O_q <- alpha_q O_q + sum_j p_qj v_j
+    if (t.coded) {
+      fused_pv(isa, fused_rows(a, t), sc.o.data(), alpha, S, kTile, iq.n);
+      continue;
+    }
     int q = 0;
 #if KVLAB_ATTENTION_AVX2
     if (simd) {

@@ -134,6 +134,37 @@ struct DecodeCache {
   }
 };
 
+// One decode query row (N(0, 1), seed 1) at position ctx for n_heads query heads, and its
+// attention arguments (the cache's layer is set per iteration).
+struct DecodeQuery {
+  std::vector<float> q, out;
+  int64_t qpos;
+  AttentionArgs a;
+  DecodeQuery(int ctx, int n_heads, int H, int D)
+      : q(static_cast<size_t>(n_heads) * D), out(q.size()), qpos(ctx) {
+    std::mt19937 rng(1);
+    std::normal_distribution<float> nd(0.f, 1.f);
+    for (auto& x : q) x = nd(rng);
+    a = attention_args(q.data(), 1, n_heads, H, D, &qpos, LayerKv{}, 1.f / std::sqrt(static_cast<float>(D)));
+    a.out = out.data();
+  }
+  DecodeQuery(const DecodeQuery&) = delete;
+  DecodeQuery& operator=(const DecodeQuery&) = delete;
+};
+
+// The timed loop: every iteration attends over the next layer (cold: the layers together
+// exceed the caches).
+template <class Cache>
+void run_layers(benchmark::State& state, const Cache& cache, int layers, AttentionArgs& a, int threads) {
+  int l = 0;
+  for (auto _ : state) {
+    a.kv = cache.layer(l);
+    l = (l + 1) % layers;
+    attention(a, threads);
+    benchmark::ClobberMemory();
+  }
+}
+
 void DecodeAttention(benchmark::State& state) {
   const int ctx = static_cast<int>(state.range(0)), n_heads = static_cast<int>(state.range(1));
   const int H = static_cast<int>(state.range(2)), D = static_cast<int>(state.range(3));
@@ -143,27 +174,8 @@ void DecodeAttention(benchmark::State& state) {
   const int layers =
       hot ? 1 : static_cast<int>(std::max<size_t>(2, (kBigBytes + kv_bytes - 1) / kv_bytes));
   DecodeCache cache(ctx, H, D, layers);
-  std::vector<float> q(static_cast<size_t>(n_heads) * D), out(q.size());
-  std::mt19937 rng(1);
-  std::normal_distribution<float> nd(0.f, 1.f);
-  for (auto& x : q) x = nd(rng);
-  const int64_t qpos = ctx;
-  AttentionArgs a;
-  a.q = q.data();
-  a.n_rows = 1;
-  a.n_heads = n_heads;
-  a.n_kv_heads = H;
-  a.head_dim = D;
-  a.q_positions = &qpos;
-  a.scale = 1.f / std::sqrt(static_cast<float>(D));
-  a.out = out.data();
-  int l = 0;
-  for (auto _ : state) {
-    a.kv = cache.layer(l);
-    l = (l + 1) % layers;
-    attention(a, threads);
-    benchmark::ClobberMemory();
-  }
+  DecodeQuery query(ctx, n_heads, H, D);
+  run_layers(state, cache, layers, query.a, threads);
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * static_cast<int64_t>(kv_bytes));
   state.counters["kv_bytes"] = benchmark::Counter(static_cast<double>(kv_bytes) * state.iterations(),
                                                   benchmark::Counter::kIsRate);
@@ -234,38 +246,13 @@ void DecodeAttentionFormat(benchmark::State& state) {
   const KvFormat format = kAllKvFormats[state.range(5)];
   const size_t kv_bytes = size_t{2} * static_cast<size_t>((ctx + 15) / 16) * KvBlockLayout{format, 16, H, D, 32}.block_bytes();
   const int layers = static_cast<int>(std::max<size_t>(2, (kBigBytes + kv_bytes - 1) / kv_bytes));
-  std::vector<float> q(static_cast<size_t>(n_heads) * D), out(q.size());
-  std::mt19937 rng(1);
-  std::normal_distribution<float> nd(0.f, 1.f);
-  for (auto& x : q) x = nd(rng);
-  const int64_t qpos = ctx;
-  AttentionArgs a;
-  a.q = q.data();
-  a.n_rows = 1;
-  a.n_heads = n_heads;
-  a.n_kv_heads = H;
-  a.head_dim = D;
-  a.q_positions = &qpos;
-  a.scale = 1.f / std::sqrt(static_cast<float>(D));
-  a.out = out.data();
+  DecodeQuery query(ctx, n_heads, H, D);
   if (format == KvFormat::kF32) {
     DecodeCache cache(ctx, H, D, layers);
-    int l = 0;
-    for (auto _ : state) {
-      a.kv = cache.layer(l);
-      l = (l + 1) % layers;
-      attention(a, threads);
-      benchmark::ClobberMemory();
-    }
+    run_layers(state, cache, layers, query.a, threads);
   } else {
     FormatCache cache(ctx, H, D, layers, format);
-    int l = 0;
-    for (auto _ : state) {
-      a.kv = cache.layer(l);
-      l = (l + 1) % layers;
-      attention(a, threads);
-      benchmark::ClobberMemory();
-    }
+    run_layers(state, cache, layers, query.a, threads);
   }
   state.SetLabel(kv_format_name(format));
   state.counters["kv_bytes"] = benchmark::Counter(static_cast<double>(kv_bytes) * state.iterations(),
