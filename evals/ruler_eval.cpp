@@ -31,8 +31,12 @@ RulerTemplates parse_templates(const Reader& r, const YAML::Node& node, const st
     const YAML::Node f = node[kFamilies[i]];
     if (!f) continue;
     const std::string fp = path + "." + kFamilies[i];
-    r.expect_map(f, fp, {"intro", "needle", "question", "answer_prefix"});
+    const bool has_example = kFamilyIds[i] == RulerFamily::kVt || kFamilyIds[i] == RulerFamily::kCwe;
+    std::vector<std::string> fields = {"intro", "needle", "question", "answer_prefix"};
+    if (has_example) fields.push_back("example");
+    r.expect_map(f, fp, fields);
     RulerTemplate& tpl = t.of(kFamilyIds[i]);
+    if (f["example"]) tpl.example = r.get_bool(f["example"], fp + ".example");
     if (f["intro"]) tpl.intro = r.get_string(f["intro"], fp + ".intro");
     if (f["needle"]) tpl.needle = r.get_string(f["needle"], fp + ".needle");
     if (f["question"]) tpl.question = r.get_string(f["question"], fp + ".question");
@@ -180,6 +184,8 @@ std::string RulerEvaluation::identity(size_t cell, const std::function<std::stri
   line("ruler.templates", spec_.templates.name);
   line("ruler.template", "[", t.intro, "|", t.needle, "|", t.question, "|", t.answer_prefix, "]");
   line("ruler.answer_tokens", spec_.answer_tokens(*c.task));
+  // (only when on: cells without an example keep the identity they had before examples existed)
+  if (has_example(*c.task)) line("ruler.example", "RULER's in-context example (ruler_tasks.h)");
   return id;
 }
 
@@ -233,6 +239,7 @@ CellRecord RulerEvaluation::run_cell(size_t cell, EvalContext& ctx) const {
       cols.add("needles", int64_t(s.needle_pos.size()));
       cols.add("haystack_offset", s.haystack_offset);
       cols.add("pad_tokens", int64_t(s.pad_tokens));
+      if (has_example(*c.task)) cols.add("example_tokens", int64_t(s.example_tokens));
       cols.add("query", s.query);
       cols.add("references", join(s.references, "\n"));
       cols.add("prediction", prediction);

@@ -4,7 +4,8 @@
 //   ruler: {tasks: [name] | all, context_lengths: [int], samples: int (per seed),
 //           protocol: query_agnostic | query_aware | [both], haystack: noise | PATH,
 //           templates: instruct | kvlab-tiny | {base: instruct | kvlab-tiny,
-//                                            FAMILY: {intro, needle, question, answer_prefix}},
+//                                            FAMILY: {intro, needle, question, answer_prefix,
+//                                                     example: bool (vt, cwe only)}},
 //           max_answer_tokens: int (default: each task's RULER length),
 //           store_prompts: bool (default false: also store each sample's prompt token ids,
 //                                for evals/peer/kvpress_runner.py; no effect on the results)}
@@ -56,6 +57,10 @@ class RulerEvaluation final : public Evaluation {
     int length;
   };
   Coord coord(size_t cell) const;
+  // The task's template prepends RULER's in-context example (vt, cwe; ruler_tasks.h).
+  bool has_example(const RulerTaskInfo& task) const {
+    return (task.family == RulerFamily::kVt || task.family == RulerFamily::kCwe) && spec_.templates.of(task.family).example;
+  }
 
   std::string name() const override { return "ruler"; }
   const SourceRef& ref() const override { return spec_.ref; }

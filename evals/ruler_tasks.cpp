@@ -6,6 +6,7 @@
 #include <cctype>
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <numbers>
 
 #include "evals/ruler_words.h"
@@ -221,6 +222,7 @@ std::optional<RulerTemplates> builtin_ruler_templates(const std::string& name) {
     t.cwe = {"Below is a numbered list of words; some appear more often than the others. Keep count.\n", "",
              "\nQuestion: which 10 words appear most often in the list above?",
              " Answer: the 10 most frequent words are:"};
+    t.vt.example = t.cwe.example = true;  // RULER prepends a solved example to both (ruler_tasks.h)
     t.fwe = {"Count how often each coded word occurs in the coded text below. ", "",
              "\nQuestion: ignoring the dots '....', which three coded words occur most often? Give no explanation.",
              " Answer: the three most frequent coded words are:"};
@@ -269,8 +271,69 @@ uint64_t ruler_sample_seed(uint64_t seed, RulerTask task, int64_t context_length
   return h;
 }
 
-RulerSample build_ruler_sample(const RulerSource& src, const RulerTaskInfo& task, int prompt_length, int context_length,
-                               uint64_t seed) {
+namespace {
+
+// How an in-context example differs from the sample it precedes (RULER's is_icl).
+struct Variant {
+  bool bos = true;           // the example follows the sample's BOS
+  bool example = true;       // the template's example, if it has one (never inside an example)
+  int vt_name_letters = 5;   // variable_tracking.py generate_chains: 3 letters in the example
+  int cwe_words = 0;         // > 0: a fixed list of that many words, no padding, length as it comes
+  int cwe_freq_cw = 0, cwe_freq_ucw = 0;
+};
+
+// The example's stream of a sample's seed (the sample's own draws stay as without an example).
+uint64_t example_seed(uint64_t seed) {
+  uint64_t state = seed ^ 0x49434c4578616d70ull;  // "ICLExamp"
+  return splitmix64(state);
+}
+
+RulerSample build_sample(const RulerSource& src, const RulerTaskInfo& task, int prompt_length, int context_length,
+                         uint64_t seed, const Variant& v);
+
+// RULER's in-context example of a vt or cwe sample (ruler_tasks.h): its tokens and answer.
+// variable_tracking.py sys_vartrack_w_noise_random (the example: max_seq_length 500, then
+// `input + " " + answer + "\n\n"` placed before the task's template) and
+// common_words_extraction.py generate_input_output (get_example(20, 3, 1) below 4096 tokens,
+// get_example(40, 10, 3) from 4096, then `example + answer + "\n"` before the input).
+RulerSample build_example(const RulerSource& src, const RulerTaskInfo& task, int context_length, uint64_t seed) {
+  const Tokenizer& tok = src.tokenizer;
+  Variant v;
+  v.bos = false;
+  v.example = false;
+  std::string sep;
+  RulerSample ex;
+  if (task.family == RulerFamily::kVt) {
+    v.vt_name_letters = 3;
+    sep = "\n\n";
+    // The names do not depend on the prompt length (drawn before the haystack): a first draw
+    // gives the answer's length, the second the prompt that makes the whole exactly 470 tokens.
+    const int total = 500 - task.answer_tokens;
+    const RulerSample probe = build_sample(src, task, total, 500, seed, v);
+    std::string answer;
+    for (const auto& r : probe.references) answer += (answer.empty() ? "" : " ") + r;
+    const int64_t tail = int64_t(encode_sentence(tok, answer).size() + encode_sentence(tok, sep).size());
+    ex = build_sample(src, task, int(total - tail), 500, seed, v);
+  } else {
+    const bool long_ctx = context_length >= 4096;
+    v.cwe_words = long_ctx ? 40 : 20;
+    v.cwe_freq_cw = long_ctx ? 10 : 3;
+    v.cwe_freq_ucw = long_ctx ? 3 : 1;
+    sep = "\n";
+    ex = build_sample(src, task, -1, context_length, seed, v);
+  }
+  std::string answer;
+  for (size_t i = 0; i < ex.references.size(); ++i)
+    answer += (i ? " " : "") + (task.family == RulerFamily::kCwe ? std::to_string(i + 1) + ". " : "") + ex.references[i];
+  for (const std::string& piece : {answer, sep}) {
+    const auto t = encode_sentence(tok, piece);
+    ex.tokens.insert(ex.tokens.end(), t.begin(), t.end());
+  }
+  return ex;
+}
+
+RulerSample build_sample(const RulerSource& src, const RulerTaskInfo& task, int prompt_length, int context_length,
+                         uint64_t seed, const Variant& v) {
   const Tokenizer& tok = src.tokenizer;
   const RulerTemplate& tpl = src.templates.of(task.family);
   uint64_t rng = seed;
@@ -282,7 +345,13 @@ RulerSample build_ruler_sample(const RulerSource& src, const RulerTaskInfo& task
   std::function<std::vector<int32_t>()> distractor;  // the next haystack unit (noise, needle, pair)
   const auto noise = encode_sentence(tok, kNoise);
   std::vector<int32_t> header;
-  if (tok.bos_id() >= 0) header.push_back(tok.bos_id());
+  if (v.bos && tok.bos_id() >= 0) header.push_back(tok.bos_id());
+  if (v.example && tpl.example && (task.family == RulerFamily::kVt || task.family == RulerFamily::kCwe)) {
+    const RulerSample ex = build_example(src, task, context_length, example_seed(seed));
+    header.insert(header.end(), ex.tokens.begin(), ex.tokens.end());
+    s.example_tokens = int(ex.tokens.size());
+    s.example_references = ex.references;
+  }
   switch (task.family) {
     case RulerFamily::kNiah: {
       // RULER niah.py generate_input_output: num_k = max(num_k, num_q) keys, num_v values each;
@@ -323,7 +392,7 @@ RulerSample build_ruler_sample(const RulerSource& src, const RulerTaskInfo& task
       std::vector<std::string> names;
       while (names.size() < 5) {
         std::string n;
-        for (int i = 0; i < 5; ++i) n += char('A' + below(rng, 26));
+        for (int i = 0; i < v.vt_name_letters; ++i) n += char('A' + below(rng, 26));
         if (std::find(names.begin(), names.end(), n) == names.end()) names.push_back(n);
       }
       const std::string value = std::to_string(10000 + below(rng, 89999));
@@ -374,10 +443,12 @@ RulerSample build_ruler_sample(const RulerSource& src, const RulerTaskInfo& task
     needle_total += int64_t(needle_ids.back().size());
   }
   const int64_t fixed = int64_t(header.size()) + int64_t(tail.size()) + needle_total;
-  const int64_t budget = int64_t(prompt_length) - fixed;
+  // (a fixed cwe list, the example's, has the length it comes to)
+  const int64_t budget = v.cwe_words > 0 ? std::numeric_limits<int64_t>::max() : int64_t(prompt_length) - fixed;
   if (budget < 1)
     fail("a prompt of ", prompt_length, " tokens is too short for task ", task.name, ": its fixed parts take ", fixed,
-         " tokens (at least ", fixed + 1, ")");
+         " tokens (at least ", fixed + 1, ")",
+         s.example_tokens ? str_cat(", of which the in-context example ", s.example_tokens) : std::string());
   s.question_tokens = int(tail.size());
 
   std::vector<int32_t> context;
@@ -397,7 +468,8 @@ RulerSample build_ruler_sample(const RulerSource& src, const RulerTaskInfo& task
       if (task.family == RulerFamily::kCwe) {
         // RULER common_words_extraction.py: num_cw = 10 words appear freq_cw times, the others
         // freq_ucw times (30 / 3; 6 / 1 below 4096 tokens); "1. w 2. w ..."; answer: the 10.
-        const int freq_cw = context_length < 4096 ? 6 : 30, freq_ucw = context_length < 4096 ? 1 : 3;
+        const int freq_cw = v.cwe_words > 0 ? v.cwe_freq_cw : context_length < 4096 ? 6 : 30;
+        const int freq_ucw = v.cwe_words > 0 ? v.cwe_freq_ucw : context_length < 4096 ? 1 : 3;
         const auto picked = sample_without_replacement(r, pool.size(), size_t(std::min<int64_t>(n_words, int64_t(pool.size()))));
         for (size_t i = 0; i < picked.size(); ++i) {
           const int reps = i < 10 ? freq_cw : freq_ucw;
@@ -437,23 +509,28 @@ RulerSample build_ruler_sample(const RulerSource& src, const RulerTaskInfo& task
     // The largest word count whose list fits (doubling, then bisection); lists of larger
     // counts are longer up to the tokens of the drawn words.
     const int64_t min_words = task.family == RulerFamily::kCwe ? 11 : 1;
-    if (int64_t(build(min_words).size()) > budget)
-      fail("a prompt of ", prompt_length, " tokens is too short for task ", task.name, ": its smallest list does not fit");
-    // (cwe cannot use more words than its pool holds)
-    const int64_t max_words = task.family == RulerFamily::kCwe ? int64_t(pool.size()) : int64_t(1) << 24;
-    int64_t lo = min_words, hi = std::min(min_words * 2, max_words);
-    while (lo < max_words && int64_t(build(hi).size()) <= budget) lo = hi, hi = std::min(hi * 2, max_words);
-    if (lo == max_words) hi = lo;
-    while (hi - lo > 1) {  // build(lo) fits, build(hi) does not
-      const int64_t mid = (lo + hi) / 2;
-      (int64_t(build(mid).size()) <= budget ? lo : hi) = mid;
+    if (v.cwe_words > 0) {
+      context = build(v.cwe_words);  // the example's list: as it comes, no padding
+    } else {
+      if (int64_t(build(min_words).size()) > budget)
+        fail("a prompt of ", prompt_length, " tokens is too short for task ", task.name, ": its smallest list does not fit",
+             s.example_tokens ? str_cat(" beside its in-context example (", s.example_tokens, " tokens)") : std::string());
+      // (cwe cannot use more words than its pool holds)
+      const int64_t max_words = task.family == RulerFamily::kCwe ? int64_t(pool.size()) : int64_t(1) << 24;
+      int64_t lo = min_words, hi = std::min(min_words * 2, max_words);
+      while (lo < max_words && int64_t(build(hi).size()) <= budget) lo = hi, hi = std::min(hi * 2, max_words);
+      if (lo == max_words) hi = lo;
+      while (hi - lo > 1) {  // build(lo) fits, build(hi) does not
+        const int64_t mid = (lo + hi) / 2;
+        (int64_t(build(mid).size()) <= budget ? lo : hi) = mid;
+      }
+      context = build(lo);
+      if (int64_t(context.size()) > budget) context = build(min_words);  // (non-monotone draw)
+      const auto pad = encode_sentence(tok, " ...");
+      s.pad_tokens = int(budget - int64_t(context.size()));
+      for (int i = 0; i < s.pad_tokens; ++i) context.push_back(pad[size_t(i) % pad.size()]);
     }
-    context = build(lo);
-    if (int64_t(context.size()) > budget) context = build(min_words);  // (non-monotone draw)
     s.references = answer;
-    const auto pad = encode_sentence(tok, " ...");
-    s.pad_tokens = int(budget - int64_t(context.size()));
-    for (int i = 0; i < s.pad_tokens; ++i) context.push_back(pad[size_t(i) % pad.size()]);
   } else {
     const int64_t hay_budget = budget;
     HayStream hay;
@@ -504,9 +581,16 @@ RulerSample build_ruler_sample(const RulerSource& src, const RulerTaskInfo& task
   s.tokens = header;
   s.tokens.insert(s.tokens.end(), context.begin(), context.end());
   s.tokens.insert(s.tokens.end(), tail.begin(), tail.end());
-  if (int64_t(s.tokens.size()) != prompt_length)
+  if (v.cwe_words == 0 && int64_t(s.tokens.size()) != prompt_length)
     fail("RULER: internal error: ", task.name, " prompt has ", s.tokens.size(), " tokens, expected ", prompt_length);
   return s;
+}
+
+}  // namespace
+
+RulerSample build_ruler_sample(const RulerSource& src, const RulerTaskInfo& task, int prompt_length, int context_length,
+                               uint64_t seed) {
+  return build_sample(src, task, prompt_length, context_length, seed, Variant{});
 }
 
 namespace {

@@ -20,7 +20,19 @@
 // kv_retrieval) insert each needle before a unit drawn without replacement, in order.
 // Departures from RULER, for lack of its data offline: words (keys, cwe's list) come from a
 // built-in list of English words (RULER: the wonderwords lists); the essay is any text file
-// (RULER: Paul Graham's essays); vt and cwe have no in-context example (RULER prepends one).
+// (RULER: Paul Graham's essays).
+//
+// In-context example (RULER variable_tracking.py and common_words_extraction.py prepend one
+// solved instance of the task; a template's `example`, on in the instruct set): right after BOS,
+// before INTRO, the same template filled for a smaller instance of the task, followed by its
+// answer. vt: a chain of 3-letter names in a noise haystack, the example and its answer taking
+// exactly 500 - 30 = 470 tokens (RULER sizes it for a max_seq_length of 500 with vt's 30 answer
+// tokens); answer the names separated by spaces, then a blank line. cwe: 20 words, the 10
+// common ones 3 times and the others once (below a context length of 4096; else 40 words, 10 and
+// 3 times), no padding; answer "1. w 2. w ... 10. w", then a newline. The example is drawn from
+// its own stream of the sample's seed (vt's chain stays the one drawn without it; cwe's list is
+// drawn for its size, which the example shrinks), and its tokens count inside the exact prompt
+// length (the haystack or the list gets that much less).
 #pragma once
 
 #include <cstdint>
@@ -80,6 +92,7 @@ struct RulerTemplate {
   std::string needle;         // niah, passkey, kv_retrieval: the hidden sentence
   std::string question;       // after the context
   std::string answer_prefix;  // appended to the question: the model continues it
+  bool example = false;       // vt, cwe: prepend RULER's solved in-context example (above)
 };
 struct RulerTemplates {
   std::string name;  // "instruct" | "kvlab-tiny" | "custom"
@@ -112,6 +125,8 @@ struct RulerSample {
   std::string query;
   int64_t haystack_offset = -1;         // essay: token where the excerpt starts; else -1
   int pad_tokens = 0;                   // cwe/fwe: padding after the list
+  int example_tokens = 0;               // the in-context example's tokens (after BOS), 0 without one
+  std::vector<std::string> example_references;  // the example's answer (as written after it)
 };
 
 // Throws kvlab::Error when prompt_length cannot hold the task's fixed parts (naming the

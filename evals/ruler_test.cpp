@@ -105,7 +105,11 @@ TEST(Ruler, PromptsHaveExactLengthsAndTheirNeedles) {
       const RulerTemplates templates = *builtin_ruler_templates(set);
       const RulerSource src{*tok, templates, &essay};
       for (const RulerTaskInfo& task : ruler_tasks())
-        for (int length : {1500, 2047}) {
+        // The instruct cwe prompt holds RULER's in-context example (about 650 one-byte tokens)
+        // before its own list of at least 61 entries: 1500 bytes cannot hold both.
+        for (int length : tname == "spaced-bytes" && task.family == RulerFamily::kCwe && std::string(set) == "instruct"
+                              ? std::vector<int>{2047, 3000}
+                              : std::vector<int>{1500, 2047}) {
           SCOPED_TRACE(std::string(tname) + " " + set + " " + task.name + " " + std::to_string(length));
           const int prompt = length - task.answer_tokens;
           const RulerSample s = build_ruler_sample(src, task, prompt, length, 7);
@@ -123,8 +127,9 @@ TEST(Ruler, PromptsHaveExactLengthsAndTheirNeedles) {
           std::string needles_text;
           for (size_t k = 0; k < s.needle_pos.size(); ++k)
             needles_text += tok->decode(std::span<const int32_t>(s.tokens).subspan(size_t(s.needle_pos[k]), size_t(s.needle_tokens[k]))) + "\n";
-          if (task.family != RulerFamily::kCwe && task.family != RulerFamily::kFwe)
+          if (task.family != RulerFamily::kCwe && task.family != RulerFamily::kFwe) {
             for (const auto& r : s.references) EXPECT_NE(needles_text.find(r), std::string::npos) << r;
+          }
           const std::string question = tok->decode(std::span<const int32_t>(s.tokens).subspan(size_t(question_start)));
           EXPECT_NE(question.find(s.query), std::string::npos) << question;
         }
@@ -194,6 +199,144 @@ TEST(Ruler, CommonWordsHaveRulersFrequencies) {
         ++uncommon;
       }
     EXPECT_EQ(entries, 10 * freq_cw + uncommon * freq_ucw);
+  }
+}
+
+// RULER's in-context example (ruler_tasks.h; variable_tracking.py, common_words_extraction.py):
+// the instruct set prepends, right after BOS, a solved smaller instance of vt and cwe. Checked
+// from the example's own text: its written answer is what its chain or its list gives.
+std::string example_text(const Tokenizer& tok, const RulerSample& s) {
+  const size_t bos = tok.bos_id() >= 0 ? 1 : 0;
+  return tok.decode(std::span<const int32_t>(s.tokens).subspan(bos, size_t(s.example_tokens)));
+}
+
+TEST(Ruler, InContextExampleIsASolvedSmallerInstance) {
+  SpacedByteTokenizer tok;
+  const RulerTemplates templates = *builtin_ruler_templates("instruct");
+  const RulerSource src{tok, templates, nullptr};
+  // (one byte per token: from 4096 the cwe example and the sample's list of 30-fold words need
+  // more than 4096 tokens, so the long case is 6144)
+  for (int length : {2048, 3072, 6144})
+    for (uint64_t seed : {1u, 2u, 3u}) {
+      SCOPED_TRACE(std::to_string(length) + " seed " + std::to_string(seed));
+      {
+        // vt: 3-letter names (the sample's own have 5); the example and its answer take 470
+        // tokens; the written answer is every name the example's chain assigns its value to.
+        const RulerTaskInfo& vt = *find_ruler_task("vt");
+        const RulerSample s = build_ruler_sample(src, vt, length - 30, length, seed);
+        ASSERT_EQ(int(s.tokens.size()), length - 30);
+        ASSERT_EQ(s.example_tokens, 470);
+        const std::string text = example_text(tok, s);
+        ASSERT_EQ(text.substr(text.size() - 2), "\n\n");
+        const std::regex assign(R"(VAR ([A-Z]+) = (VAR ([A-Z]+)|(\d+)))");
+        std::map<std::string, std::string> from;  // name -> the name or value it copies
+        std::string value;
+        for (auto it = std::sregex_iterator(text.begin(), text.end(), assign); it != std::sregex_iterator(); ++it) {
+          const std::string name = (*it)[1];
+          EXPECT_EQ(name.size(), 3u) << name;
+          from[name] = (*it)[3].matched ? std::string((*it)[3]) : std::string((*it)[4]);
+          if ((*it)[4].matched) value = (*it)[4];
+        }
+        ASSERT_EQ(from.size(), 5u);
+        std::vector<std::string> chain;  // the names holding `value`, in assignment order
+        for (std::string at = value; chain.size() < from.size();) {
+          const auto next = std::find_if(from.begin(), from.end(), [&](const auto& e) { return e.second == at; });
+          if (next == from.end()) break;
+          chain.push_back(next->first);
+          at = next->first;
+        }
+        EXPECT_EQ(chain, s.example_references);
+        std::string answer;
+        for (const auto& n : chain) answer += (answer.empty() ? "" : " ") + n;
+        // The template filled for the example (its value, 5 variables), then the answer.
+        const std::string prefix = " Answer: the 5 variables holding the value " + value + " are:  ";
+        EXPECT_NE(text.find("which variables end up holding the value " + value + "?"), std::string::npos) << text;
+        EXPECT_NE(text.find(prefix + answer + " \n\n"), std::string::npos) << text;
+        // The sample's own needles come after the example, with 5-letter names.
+        ASSERT_EQ(s.needle_pos.size(), 5u);
+        EXPECT_GT(s.needle_pos[0], s.example_tokens);
+        for (const auto& r : s.references) EXPECT_EQ(r.size(), 5u) << r;
+      }
+      {
+        // cwe: 20 words, 10 of them 3 times (40 words, 10 and 3 times, from 4096), entries
+        // numbered 1..N; the written answer "1. w 2. w ... 10. w" is the 10 most common.
+        const RulerTaskInfo& cwe = *find_ruler_task("cwe");
+        const RulerSample s = build_ruler_sample(src, cwe, length - 120, length, seed);
+        ASSERT_EQ(int(s.tokens.size()), length - 120);
+        ASSERT_GT(s.example_tokens, 0);
+        const std::string text = example_text(tok, s);
+        const size_t question = text.find("\nQuestion: which 10 words");
+        ASSERT_NE(question, std::string::npos) << text;
+        const std::string list = text.substr(0, question), after = text.substr(question);
+        const auto [words, freq_cw, freq_ucw] = length >= 4096 ? std::tuple{40, 10, 3} : std::tuple{20, 3, 1};
+        std::map<std::string, int> counts;
+        int entries = 0;
+        const std::regex entry(R"( (\d+)\. ([a-z]+))");
+        for (auto it = std::sregex_iterator(list.begin(), list.end(), entry); it != std::sregex_iterator(); ++it) {
+          EXPECT_EQ(std::stoi((*it)[1]), ++entries);
+          ++counts[(*it)[2]];
+        }
+        ASSERT_EQ(int(counts.size()), words);
+        EXPECT_EQ(entries, 10 * freq_cw + (words - 10) * freq_ucw);
+        std::vector<std::string> common;
+        for (const auto& [w, n] : counts) {
+          EXPECT_TRUE(n == freq_cw || n == freq_ucw) << w << " " << n;
+          if (n == freq_cw) common.push_back(w);
+        }
+        std::vector<std::string> answered;  // what the example's answer lists, in order
+        for (auto it = std::sregex_iterator(after.begin(), after.end(), entry); it != std::sregex_iterator(); ++it) {
+          EXPECT_EQ(std::stoi((*it)[1]), int(answered.size()) + 1);
+          answered.push_back((*it)[2]);
+        }
+        EXPECT_EQ(answered, s.example_references);
+        std::sort(answered.begin(), answered.end());
+        EXPECT_EQ(answered, common);
+        EXPECT_EQ(after.back(), '\n');
+      }
+    }
+}
+
+// The example counts inside the exact prompt length for every tokenizer; it comes from the
+// sample's seed (the same seed gives the same tokens, another seed another example) and from its
+// own stream, so vt's chain is the one drawn without an example; kvlab-tiny has none.
+TEST(Ruler, InContextExampleIsExactAndReproducible) {
+  for (const auto& [tname, tok] : tokenizers()) {
+    RulerTemplates with = *builtin_ruler_templates("instruct"), without = with;
+    without.vt.example = without.cwe.example = false;
+    const RulerTemplates tiny = *builtin_ruler_templates("kvlab-tiny");
+    for (const char* name : {"vt", "cwe"}) {
+      SCOPED_TRACE(std::string(tname) + " " + name);
+      const RulerTaskInfo& task = *find_ruler_task(name);
+      // (one byte per token, cwe's example and list need more: see above)
+      const bool bytes_cwe = tname == "spaced-bytes" && task.family == RulerFamily::kCwe;
+      for (int length : bytes_cwe ? std::vector<int>{2048, 6144} : std::vector<int>{1024, 2048, 4096}) {
+        const int prompt = length - task.answer_tokens;
+        const RulerSample a = build_ruler_sample({*tok, with, nullptr}, task, prompt, length, 9);
+        const RulerSample b = build_ruler_sample({*tok, with, nullptr}, task, prompt, length, 9);
+        const RulerSample c = build_ruler_sample({*tok, with, nullptr}, task, prompt, length, 10);
+        const RulerSample plain = build_ruler_sample({*tok, without, nullptr}, task, prompt, length, 9);
+        ASSERT_EQ(int(a.tokens.size()), prompt);
+        ASSERT_EQ(int(c.tokens.size()), prompt);
+        if (task.family == RulerFamily::kVt) {
+          EXPECT_EQ(a.example_tokens, 470);
+        }
+        EXPECT_GT(a.example_tokens, 0);
+        EXPECT_EQ(a.tokens, b.tokens);
+        EXPECT_EQ(a.example_references, b.example_references);
+        EXPECT_NE(a.example_references, c.example_references);
+        const size_t bos = tok->bos_id() >= 0 ? 1 : 0;
+        const auto ex = [&](const RulerSample& s) {
+          return std::vector<int32_t>(s.tokens.begin() + long(bos), s.tokens.begin() + long(bos) + s.example_tokens);
+        };
+        EXPECT_NE(ex(a), ex(c));
+        EXPECT_EQ(plain.example_tokens, 0);
+        if (task.family == RulerFamily::kVt) {  // (cwe's list is drawn for its size, which the example shrinks)
+          EXPECT_EQ(a.references, plain.references);
+          EXPECT_EQ(a.query, plain.query);
+        }
+        EXPECT_EQ(build_ruler_sample({*tok, tiny, nullptr}, task, prompt, length, 9).example_tokens, 0);
+      }
+    }
   }
 }
 
@@ -330,6 +473,36 @@ TEST(Ruler, TemplateMissingAFieldNamesTemplateAndField) {
                                   "    templates: {kv_retrieval: {needle: 'key {key}'}}\n");
   EXPECT_NE(e2.find("evals.ruler.templates.kv_retrieval.needle: template 'kv_retrieval'"), std::string::npos) << e2;
   EXPECT_NE(e2.find("missing {value}"), std::string::npos) << e2;
+}
+
+// `example` is a vt/cwe template field: it turns the example on or off and is part of the cell's
+// identity; elsewhere it is an unknown key.
+TEST(Ruler, TemplateExampleFieldParsesAndEntersTheIdentity) {
+  auto identity = [](const std::string& templates) {
+    const ExperimentSpec s = parse_experiment_text(
+        std::string(kHead) + "    tasks: [cwe]\n    context_lengths: [1024]\n    templates: " + templates + "\n", "r.yaml");
+    const RulerEvaluation* r = find_evaluation<RulerEvaluation>(s);
+    return std::pair{r->has_example(*find_ruler_task("cwe")), r->identity(0, [](const fs::path&) { return std::string(); })};
+  };
+  const auto [tiny_on, tiny_id] = identity("kvlab-tiny");
+  const auto [on, on_id] = identity("{base: kvlab-tiny, cwe: {example: true}}");
+  const auto [off, off_id] = identity("{base: instruct, cwe: {example: false}}");
+  const auto [inst_on, inst_id] = identity("instruct");
+  EXPECT_FALSE(tiny_on);
+  EXPECT_TRUE(on);
+  EXPECT_FALSE(off);
+  EXPECT_TRUE(inst_on);
+  EXPECT_EQ(tiny_id.find("ruler.example"), std::string::npos);
+  EXPECT_NE(on_id.find("ruler.example"), std::string::npos);
+  EXPECT_EQ(off_id.find("ruler.example"), std::string::npos);
+  EXPECT_NE(inst_id.find("ruler.example"), std::string::npos);
+  const std::string e = error_of(std::string(kHead) + "    tasks: [niah_single_1]\n    context_lengths: [1024]\n"
+                                 "    templates: {niah: {example: true}}\n");
+  EXPECT_NE(e.find("evals.ruler.templates.niah"), std::string::npos) << e;
+  EXPECT_NE(e.find("example"), std::string::npos) << e;
+  const std::string e2 = error_of(std::string(kHead) + "    tasks: [vt]\n    context_lengths: [1024]\n"
+                                  "    templates: {vt: {example: maybe}}\n");
+  EXPECT_NE(e2.find("evals.ruler.templates.vt.example"), std::string::npos) << e2;
 }
 
 TEST(Ruler, ContextLengthsBeyondTheModelAreCaught) {
