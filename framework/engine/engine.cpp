@@ -46,6 +46,13 @@ RopeConfig rope_config(const ModelConfig& c) {
   r.head_dim = c.rope_dim();  // MLA: the rope part of a head only
   r.theta = c.rope_theta;
   const std::string& t = c.rope_scaling.type;
+  if (t == "yarn") {  // as per-pair divisors of the unscaled frequencies (rope_inv_freq_f64)
+    r.scaling = RopeScalingKind::kNone;
+    const std::vector<double> inv = rope_inv_freq_f64(c);
+    for (size_t i = 0; i < inv.size(); ++i)
+      r.freq_factors.push_back(std::pow(double(c.rope_theta), -2.0 * double(i) / c.rope_dim()) / inv[i]);
+    return r;
+  }
   if (t == "none" || !c.rope_freq_factors.empty()) r.scaling = RopeScalingKind::kNone;
   else if (t == "linear") r.scaling = RopeScalingKind::kLinear;
   else if (t == "llama3") r.scaling = RopeScalingKind::kLlama3;

@@ -1,10 +1,11 @@
 // Golden logits of the MLA (deepseek2) GGUF fixtures (CTest fixture mla_models, written by
 // scripts/fixtures/make_mla_fixtures.py): for every config,
 //   - kvlab's absorbed engine on the GGUF equals the independent numpy float64 reference
-//     (tests/reference/mla_ref.py on the HF copy of the weights) within logit_bound(), against
+//     (tests/reference/mla_ref.py on the HF copy of the weights; one fixture with YaRN) within
+//     logit_bound(), against
 //     both of the reference's modes (decompressed, as HF computes, and absorbed);
 //   - token-by-token decode gives the prefill logits within 2 logit_bound();
-//   - the loaded config is the file's (ranks, head dims, one latent KV head);
+//   - the loaded config is the file's (ranks, head dims, one latent KV head, YaRN's scale);
 //   - the bad GGUFs (MoE layers, expert_count, a missing key, a wrong kv_b shape) are refused
 //     naming the key or tensor.
 // Skips (naming the directory) when the fixtures are absent.
@@ -116,7 +117,17 @@ TEST_F(MlaFixtures, ConfigIsTheFiles) {
     EXPECT_EQ(c.n_kv_heads, 1);
     EXPECT_EQ(c.head_dim, c.kv_lora_rank + c.qk_rope_head_dim);
     EXPECT_EQ(c.rope_style, RopeStyle::kInterleaved);
-    EXPECT_FLOAT_EQ(attention_scale(c), 1.f / std::sqrt(float(c.qk_nope_head_dim + c.qk_rope_head_dim)));
+    // YaRN: the score scale times (1 + yarn_log_multiplier ln factor)^2, 0.1 x mscale_all_dim the multiplier
+    double ms = 1;
+    if (!f.meta["yarn"].is_null()) {
+      EXPECT_EQ(c.rope_scaling.type, "yarn");
+      EXPECT_EQ(c.rope_scaling.factor, f.meta["yarn"]["factor"].get<float>());
+      EXPECT_EQ(c.rope_scaling.original_max_position, f.meta["yarn"]["original_max_position_embeddings"].get<int>());
+      ms = 1 + 0.1 * f.meta["yarn"]["mscale_all_dim"].get<double>() * std::log(f.meta["yarn"]["factor"].get<double>());
+    } else {
+      EXPECT_EQ(c.rope_scaling.type, "none");
+    }
+    EXPECT_FLOAT_EQ(attention_scale(c), float(ms * ms / std::sqrt(double(c.qk_nope_head_dim + c.qk_rope_head_dim))));
   }
 }
 

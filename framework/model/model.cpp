@@ -55,13 +55,47 @@ float attention_scale(const ModelConfig& c) {
   return c.query_scale > 0 ? c.query_scale : 1.f / std::sqrt(static_cast<float>(c.head_dim));
 }
 
-std::vector<float> rope_inv_freq(const ModelConfig& c) {
-  const int d = c.rope_dim(), half = d / 2;
-  std::vector<float> out(half);
+namespace {
+
+double yarn_m(double scale, double x) { return scale <= 1 ? 1.0 : 0.1 * x * std::log(scale) + 1.0; }
+
+}  // namespace
+
+double yarn_rope_mscale(const ModelConfig& c) {
   const RopeScaling& s = c.rope_scaling;
+  return s.type == "yarn" ? yarn_m(s.factor, s.mscale) / yarn_m(s.factor, s.mscale_all_dim) : 1.0;
+}
+
+double yarn_attention_mscale(const ModelConfig& c) {
+  const RopeScaling& s = c.rope_scaling;
+  return s.type == "yarn" ? yarn_m(s.factor, s.mscale_all_dim) : 1.0;
+}
+
+std::vector<float> rope_inv_freq(const ModelConfig& c) {
+  const std::vector<double> inv = rope_inv_freq_f64(c);
+  return std::vector<float>(inv.begin(), inv.end());
+}
+
+std::vector<double> rope_inv_freq_f64(const ModelConfig& c) {
+  const int d = c.rope_dim(), half = d / 2;
+  std::vector<double> out(half);
+  const RopeScaling& s = c.rope_scaling;
+  // yarn: the pairs [low, high] ramp from extrapolated (unscaled) to interpolated frequencies
+  double low = 0, high = 0;
+  if (s.type == "yarn") {
+    const double theta = c.rope_theta;
+    auto corr_dim = [&](double n_rot) {
+      return d * std::log(s.original_max_position / (n_rot * 2 * std::numbers::pi)) / (2 * std::log(theta));
+    };
+    low = std::max(std::floor(corr_dim(s.beta_fast)), 0.0);
+    high = std::min(std::ceil(corr_dim(s.beta_slow)), double(d - 1));
+  }
   for (int i = 0; i < half; ++i) {
     double inv = std::pow(static_cast<double>(c.rope_theta), -2.0 * i / d);
-    if (!c.rope_freq_factors.empty()) {
+    if (s.type == "yarn") {
+      const double ramp = std::clamp((i - low) / std::max(high - low, 0.001), 0.0, 1.0);
+      inv = inv / s.factor * ramp + inv * (1 - ramp);
+    } else if (!c.rope_freq_factors.empty()) {
       inv /= c.rope_freq_factors[i];
     } else if (s.type == "linear") {
       inv /= s.factor;
@@ -77,7 +111,7 @@ std::vector<float> rope_inv_freq(const ModelConfig& c) {
         inv *= (1 - smooth) / s.factor + smooth;
       }
     }
-    out[i] = static_cast<float>(inv);
+    out[i] = inv;
   }
   return out;
 }
@@ -219,8 +253,21 @@ void validate_config(const ModelConfig& c, const std::filesystem::path& file) {
   if (!(c.rope_theta > 0) || !std::isfinite(c.rope_theta))
     fail(file.string(), ": rope theta must be positive and finite, got ", c.rope_theta);
   const RopeScaling& s = c.rope_scaling;
-  if (s.type != "none" && s.type != "linear" && s.type != "llama3") {
-    fail(file.string(), ": unsupported rope scaling type '", s.type, "' (supported: none, linear, llama3)");
+  if (s.type != "none" && s.type != "linear" && s.type != "llama3" && s.type != "yarn") {
+    fail(file.string(), ": unsupported rope scaling type '", s.type, "' (supported: none, linear, llama3, yarn)");
+  }
+  if (s.type == "yarn") {
+    if (!c.mla()) fail(file.string(), ": yarn rope scaling is supported for MLA (deepseek2) models only");
+    if (s.original_max_position <= 0)
+      fail(file.string(), ": yarn needs a positive original context length, got ", s.original_max_position);
+    for (float v : {s.beta_fast, s.beta_slow})
+      if (!(v > 0) || !std::isfinite(v)) fail(file.string(), ": yarn beta_fast / beta_slow must be positive and finite, got ", v);
+    for (float v : {s.mscale, s.mscale_all_dim})
+      if (!(v >= 0) || !std::isfinite(v)) fail(file.string(), ": yarn mscale / mscale_all_dim must be finite and >= 0, got ", v);
+    // llama.cpp's form (GGUF's yarn_log_multiplier): the rotated features keep their magnitude
+    if (yarn_rope_mscale(c) != 1.0)
+      fail(file.string(), ": yarn with mscale ", s.mscale, " != mscale_all_dim ", s.mscale_all_dim,
+           " (a cos/sin magnitude) is not supported");
   }
   if (s.type != "none" && (!(s.factor > 0) || !std::isfinite(s.factor)))
     fail(file.string(), ": rope scaling factor must be positive and finite, got ", s.factor);

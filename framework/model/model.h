@@ -42,9 +42,12 @@ enum class RopeStyle {
 const char* rope_style_name(RopeStyle style);  // "interleaved" | "neox"
 
 struct RopeScaling {
-  std::string type = "none";  // "none" | "linear" | "llama3"
+  std::string type = "none";  // "none" | "linear" | "llama3" | "yarn" (MLA models only)
   float factor = 1, low_freq_factor = 1, high_freq_factor = 4;
   int original_max_position = 8192;
+  // yarn (DeepSeek's: HF modeling_deepseek.py DeepseekV2YarnRotaryEmbedding and softmax_scale;
+  // llama.cpp's ggml_rope_yarn_corr_dims / rope_yarn_ramp and build_deepseek2's kq_scale):
+  float beta_fast = 32, beta_slow = 1, mscale = 1, mscale_all_dim = 0;
 };
 
 // The feed-forward block's gate activation: x = W_down (act(W_gate h) * (W_up h)).
@@ -130,8 +133,22 @@ float attention_scale(const ModelConfig& config);
 //     otherwise s = (original_max_position / wavelen - low) / (high - low):
 //       inv_freq * ((1 - s) / factor + s);
 //   rope_freq_factors (GGUF): / rope_freq_factors[i] (takes precedence over the parameters).
-// Computed in double, rounded once to float.
+//   yarn (d = rope_dim(), ln natural): inv_extra = theta^(-2i/d), inv_inter = inv_extra / factor,
+//     dim(n) = d ln(original_max_position / (2 pi n)) / (2 ln theta),
+//     low = max(floor(dim(beta_fast)), 0), high = min(ceil(dim(beta_slow)), d - 1),
+//     ramp = clamp((i - low) / max(high - low, 0.001), 0, 1),
+//     inv = inv_inter * ramp + inv_extra * (1 - ramp);
+//     the scores are multiplied by yarn_attention_mscale()^2 (folded into query_scale by the
+//     loader); a cos/sin magnitude yarn_rope_mscale() != 1 (HF mscale != mscale_all_dim) is
+//     refused by validation (GGUF's form has none).
+// Computed in double, rounded once to float (rope_inv_freq_f64: not rounded).
 std::vector<float> rope_inv_freq(const ModelConfig& config);
+std::vector<double> rope_inv_freq_f64(const ModelConfig& config);
+// YaRN's magnitudes, m(s, x) = 1 if s <= 1 else 0.1 x ln(s) + 1 (HF yarn_get_mscale):
+// the cos/sin multiplier m(factor, mscale) / m(factor, mscale_all_dim), and the attention's
+// m(factor, mscale_all_dim) (llama.cpp: 1 + yarn_log_multiplier ln(factor)); 1 without yarn.
+double yarn_rope_mscale(const ModelConfig& config);
+double yarn_attention_mscale(const ModelConfig& config);
 
 // Row r of w as float32 (out[cols]).
 void weight_row_to_float(const WeightView& w, int64_t r, float* out);

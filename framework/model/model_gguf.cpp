@@ -148,9 +148,18 @@ void load_gguf(Model& model, const std::filesystem::path& path, const LoadOption
     if (type == "linear") {
       c.rope_scaling.type = "linear";
       c.rope_scaling.factor = get_float_or(f, arch + ".rope.scaling.factor", 1.f);
+    } else if (type == "yarn" && mla) {
+      // llama.cpp: freq_scale = 1 / factor, beta_fast 32 / beta_slow 1 (its defaults: not in the
+      // file), cos/sin unscaled (build_deepseek2's attn_factor_scaled cancels ggml's YaRN
+      // magnitude) and kq_scale (1 + yarn_log_multiplier ln factor)^2 / sqrt(qk): here mscale =
+      // mscale_all_dim = yarn_log_multiplier / 0.1 (convert_hf_to_gguf.py writes 0.1 mscale_all_dim).
+      c.rope_scaling.type = "yarn";
+      c.rope_scaling.factor = get_float_or(f, arch + ".rope.scaling.factor", 1.f);
+      const float m = get_float_or(f, arch + ".rope.scaling.yarn_log_multiplier", 0.f) / 0.1f;
+      c.rope_scaling.mscale = c.rope_scaling.mscale_all_dim = m;
     } else if (type != "none") {
-      fail(p, ": unsupported rope scaling type '", type, "' (supported: none, linear, and llama3 "
-           "through rope_freqs.weight)");
+      fail(p, ": unsupported rope scaling type '", type, "' (supported: none, linear, llama3 "
+           "through rope_freqs.weight, and yarn for deepseek2)");
     }
   } else if (const GgufValue* s = f.find(arch + ".rope.scale_linear")) {
     c.rope_scaling.type = "linear";
@@ -163,6 +172,7 @@ void load_gguf(Model& model, const std::filesystem::path& path, const LoadOption
     }
     c.rope_scaling.original_max_position = static_cast<int>(n);
   }
+  if (mla) c.query_scale *= static_cast<float>(std::pow(yarn_attention_mscale(c), 2));  // 1 without yarn
 
   if (gemma) {
     c.embed_scale = true;

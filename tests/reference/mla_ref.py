@@ -18,6 +18,12 @@ H heads, nope = qk_nope_head_dim, rope = qk_rope_head_dim, v = v_head_dim, r = k
     q_pe, k_pe rotated by RoPE over their rope dims, pairs (2i, 2i+1) (HF reorders each rope part
         to rotate-half order first: the same rotation), inv_freq theta^(-2i/rope)
     scale = 1/sqrt(nope + rope)
+    rope_scaling yarn (DeepseekV2YarnRotaryEmbedding): inv_freq = inter * (1 - mask) + extra * mask,
+        extra = theta^(-2i/rope), inter = extra / factor, mask = 1 - linear_ramp(low, high) over
+        the pairs, low / high = floor / ceil of rope ln(orig / (2 pi beta)) / (2 ln theta) for
+        beta_fast / beta_slow clamped to [0, rope - 1]; cos, sin times
+        m(factor, mscale) / m(factor, mscale_all_dim), m(s, x) = 0.1 x ln s + 1 (1 for s <= 1);
+        scale times m(factor, mscale_all_dim)^2 (when mscale_all_dim is set)
   decompressed (what HF computes):
     [k_nope ; v] = c Wkvb^T per head  [n, H, nope + v];  k = [k_nope ; k_pe], q = [q_nope ; q_pe]
     a_h = softmax(q_h k_h^T * scale + causal) v_h
@@ -42,12 +48,37 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from llama_ref import load_hf, rmsnorm  # noqa: E402
 
 
-def rope_interleaved(x, pos, theta):
-    """x [n, heads, d]: pairs (2i, 2i+1) rotated by pos * theta^(-2i/d)."""
-    d = x.shape[-1]
-    inv = 1.0 / theta ** (np.arange(0, d, 2, dtype=np.float64) / d)
+def yarn_m(scale, x):
+    return 1.0 if scale <= 1 else 0.1 * x * math.log(scale) + 1.0
+
+
+def inv_frequencies(cfg, d):
+    theta = cfg.get("rope_theta", 10000.0)
+    extra = 1.0 / theta ** (np.arange(0, d, 2, dtype=np.float64) / d)
+    rs = cfg.get("rope_scaling")
+    if not rs:
+        return extra, 1.0
+    if rs.get("type", rs.get("rope_type")) != "yarn":
+        raise ValueError(f"mla_ref.py: rope_scaling {rs} is not modelled")
+    factor, orig = rs["factor"], rs["original_max_position_embeddings"]
+
+    def corr(n_rot):
+        return d * math.log(orig / (n_rot * 2 * math.pi)) / (2 * math.log(theta))
+
+    low = max(math.floor(corr(rs.get("beta_fast", 32))), 0)
+    high = min(math.ceil(corr(rs.get("beta_slow", 1))), d - 1)
+    if low == high:
+        high += 0.001
+    ramp = np.clip((np.arange(d // 2, dtype=np.float64) - low) / (high - low), 0, 1)
+    mask = 1.0 - ramp
+    inv = extra / factor * (1 - mask) + extra * mask
+    return inv, yarn_m(factor, rs.get("mscale", 1)) / yarn_m(factor, rs.get("mscale_all_dim", 0))
+
+
+def rope_interleaved(x, pos, inv, mag=1.0):
+    """x [n, heads, d]: pairs (2i, 2i+1) rotated by pos * inv[i], cos and sin times mag."""
     ang = np.outer(pos, inv)[:, None, :]
-    c, s = np.cos(ang), np.sin(ang)
+    c, s = np.cos(ang) * mag, np.sin(ang) * mag
     x0, x1 = x[..., 0::2], x[..., 1::2]
     out = np.empty_like(x)
     out[..., 0::2] = x0 * c - x1 * s
@@ -65,13 +96,14 @@ def softmax_causal(s):
 def forward(cfg, w, tokens, mode="decompressed"):
     if cfg.get("n_routed_experts") and cfg.get("first_k_dense_replace", 0) < cfg["num_hidden_layers"]:
         raise ValueError("mla_ref.py: mixture-of-experts layers are not modelled")
-    if cfg.get("rope_scaling"):
-        raise ValueError("mla_ref.py: rope_scaling is not modelled")
     H, eps = cfg["num_attention_heads"], cfg.get("rms_norm_eps", 1e-6)
     nope, rope, vh = cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"]
     r = cfg["kv_lora_rank"]
-    theta = cfg.get("rope_theta", 10000.0)
+    inv, mag = inv_frequencies(cfg, rope)
     scale = 1.0 / math.sqrt(nope + rope)
+    rs = cfg.get("rope_scaling") or {}
+    if rs.get("mscale_all_dim"):
+        scale *= yarn_m(rs["factor"], rs["mscale_all_dim"]) ** 2
     n = len(tokens)
     pos = np.arange(n, dtype=np.float64)
     x = w["model.embed_tokens.weight"][np.asarray(tokens)]
@@ -83,10 +115,10 @@ def forward(cfg, w, tokens, mode="decompressed"):
         else:
             q = h @ w[p + "q_proj.weight"].T
         q = q.reshape(n, H, nope + rope)
-        q_nope, q_pe = q[..., :nope], rope_interleaved(q[..., nope:], pos, theta)
+        q_nope, q_pe = q[..., :nope], rope_interleaved(q[..., nope:], pos, inv, mag)
         kva = h @ w[p + "kv_a_proj_with_mqa.weight"].T
         c = rmsnorm(kva[:, :r], w[p + "kv_a_layernorm.weight"], eps)            # [n, r]
-        k_pe = rope_interleaved(kva[:, None, r:], pos, theta)[:, 0, :]          # [n, rope]
+        k_pe = rope_interleaved(kva[:, None, r:], pos, inv, mag)[:, 0, :]      # [n, rope]
         wkvb = w[p + "kv_b_proj.weight"].reshape(H, nope + vh, r)
         out = np.empty((n, H, vh))
         if mode == "decompressed":

@@ -92,12 +92,26 @@ def rms(x, w, eps):
     return x * torch.rsqrt((x * x).mean(-1, keepdim=True) + eps) * w
 
 
-def rope_complex(x, pos, theta):
-    """x [..., d]: pairs (2i, 2i+1) as complex numbers times exp(i pos theta^(-2i/d))."""
+def rope_complex(x, pos, theta, yarn=None):
+    """x [..., d]: pairs (2i, 2i+1) as complex numbers times exp(i theta_i), theta_i = pos
+    theta^(-2i/d), or with yarn = (freq_scale, orig ctx, beta_fast, beta_slow) llama.cpp's
+    rope_yarn: theta_i = interp (1 - mix) + extrap mix, mix = rope_yarn_ramp(corr dims, 2i)."""
     d = x.shape[-1]
-    inv = 1.0 / theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d)
+    extrap = pos / theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d)
+    ang = extrap
+    if yarn:
+        fs, orig, bf, bs = yarn
+
+        def corr(n_rot):  # ggml_rope_yarn_corr_dim
+            return d * math.log(orig / (n_rot * 2 * math.pi)) / (2 * math.log(theta))
+
+        lo, hi = max(0, math.floor(corr(bf))), min(d - 1, math.ceil(corr(bs)))
+        i0 = torch.arange(0, d, 2, dtype=torch.float64)
+        y = (i0 / 2 - lo) / max(0.001, hi - lo)
+        mix = 1 - torch.clamp(y, 0, 1)
+        ang = fs * extrap * (1 - mix) + extrap * mix
     z = torch.view_as_complex(x.reshape(*x.shape[:-1], d // 2, 2).contiguous())
-    return torch.view_as_real(z * torch.polar(torch.ones_like(inv), pos * inv)).reshape(x.shape)
+    return torch.view_as_real(z * torch.polar(torch.ones_like(ang), ang)).reshape(x.shape)
 
 
 def torch_incremental(path, tokens):
@@ -113,6 +127,11 @@ def torch_incremental(path, tokens):
     eps = meta[f"{a}.attention.layer_norm_rms_epsilon"]
     theta = meta[f"{a}.rope.freq_base"]
     scale = 1.0 / math.sqrt(nope + rope)
+    yarn = None
+    if meta.get(f"{a}.rope.scaling.type") == "yarn":  # build_deepseek2: kq_scale mscale^2 / sqrt(qk)
+        factor = meta[f"{a}.rope.scaling.factor"]
+        yarn = (1 / factor, meta[f"{a}.rope.scaling.original_context_length"], 32.0, 1.0)
+        scale *= (1 + meta[f"{a}.rope.scaling.yarn_log_multiplier"] * math.log(factor)) ** 2
     cache = [[] for _ in range(n_layers)]  # per layer: [c (r) ; k_pe (rope)] rows
     logits = []
     for t, tok in enumerate(tokens):
@@ -127,13 +146,13 @@ def torch_incremental(path, tokens):
             q = q.reshape(H, nope + rope)
             kva = w[b + "attn_kv_a_mqa.weight"] @ h
             c = rms(kva[:r], w[b + "attn_kv_a_norm.weight"], eps)
-            cache[i].append(torch.cat([c, rope_complex(kva[r:], float(t), theta)]))
+            cache[i].append(torch.cat([c, rope_complex(kva[r:], float(t), theta, yarn)]))
             C = torch.stack(cache[i])  # [t + 1, r + rope]
             wkvb = w[b + "attn_kv_b.weight"].reshape(H, nope + vh, r)
             heads = []
             for hh in range(H):
                 q_abs = wkvb[hh, :nope, :].T @ q[hh, :nope]
-                q_row = torch.cat([q_abs, rope_complex(q[hh, nope:], float(t), theta)])
+                q_row = torch.cat([q_abs, rope_complex(q[hh, nope:], float(t), theta, yarn)])
                 p = torch.softmax(C @ q_row * scale, dim=0)
                 heads.append(wkvb[hh, nope:, :] @ (p @ C[:, :r]))
             x = x + w[b + "attn_output.weight"] @ torch.cat(heads)
