@@ -59,7 +59,9 @@ std::vector<TypeShare> tensor_type_shares(const Model& m) {
   view(m.tok_embeddings);
   if (!m.config.tied_embeddings) view(m.lm_head);
   for (const LayerWeights& l : m.layers)
-    for (const WeightView* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) view(*w);
+    for (const WeightView* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down, &l.wq_a, &l.wq_b,
+                                &l.wkv_a, &l.wkv_b})
+      if (w->rows > 0) view(*w);
   add("f32", m.config.dim * 4, 2 * m.config.n_layers + 1);  // the norms, kept in fp32
   return out;
 }
@@ -90,13 +92,15 @@ int run_model_info(const std::vector<std::string>& args) {
   // when a file mixes them per layer, as llama.cpp's Q4_K_M does for attn_v and ffn_down).
   struct Row { std::string name; const WeightView* w; int count; WeightView LayerWeights::*member = nullptr; };
   auto layer_row = [&](const char* name, WeightView LayerWeights::*member) {
-    return Row{name, &(l0.*member), c.n_layers, member};
+    return Row{name, &(l0.*member), (l0.*member).rows > 0 ? c.n_layers : 0, member};
   };
   const std::vector<Row> rows = {
       {"tok_embeddings", &model->tok_embeddings, 1}, layer_row("wq", &LayerWeights::wq),
       layer_row("wk", &LayerWeights::wk), layer_row("wv", &LayerWeights::wv), layer_row("wo", &LayerWeights::wo),
       layer_row("w_gate", &LayerWeights::w_gate), layer_row("w_up", &LayerWeights::w_up),
-      layer_row("w_down", &LayerWeights::w_down), {"lm_head", &model->lm_head, c.tied_embeddings ? 0 : 1}};
+      layer_row("w_down", &LayerWeights::w_down), layer_row("wq_a", &LayerWeights::wq_a),
+      layer_row("wq_b", &LayerWeights::wq_b), layer_row("wkv_a", &LayerWeights::wkv_a),
+      layer_row("wkv_b", &LayerWeights::wkv_b), {"lm_head", &model->lm_head, c.tied_embeddings ? 0 : 1}};
   auto row_dtype = [&](const Row& r) {
     if (r.member == nullptr) return std::string(dtype_name(r.w->dtype));
     std::string out;
@@ -145,6 +149,13 @@ int run_model_info(const std::vector<std::string>& args) {
     for (const TypeShare& t : tensor_type_shares(*model))
       j["tensor_types"][t.type] = {{"count", t.count}, {"bytes", t.bytes}};
     for (DType t : kv_dtypes) j["kv_bytes_per_token"][dtype_name(t)] = kv_bytes(t);
+    if (c.mla()) {
+      j["mla"] = {{"q_lora_rank", c.q_lora_rank}, {"kv_lora_rank", c.kv_lora_rank},
+                  {"qk_nope_head_dim", c.qk_nope_head_dim}, {"qk_rope_head_dim", c.qk_rope_head_dim},
+                  {"v_head_dim", c.v_head_dim}};
+      for (DType t : kv_dtypes)
+        j["mha_kv_bytes_per_token"][dtype_name(t)] = static_cast<int64_t>(c.mha_kv_bytes_per_token(t));
+    }
     j["tokenizer"] = model->tokenizer ? model->tokenizer->kind() : "none";
     std::cout << j.dump(2) << "\n";
     return 0;
@@ -176,6 +187,10 @@ int run_model_info(const std::vector<std::string>& args) {
   out << "rms eps:        " << c.rms_eps << "\n";
   out << "qkv bias:       " << (c.qkv_bias ? "yes" : "no") << "\n";
   if (c.qk_norm) out << "qk norm:        per head, before RoPE\n";
+  if (c.mla())
+    out << "attention:      multi-head latent (MLA), q_lora_rank " << c.q_lora_rank << ", kv_lora_rank "
+        << c.kv_lora_rank << ", qk_nope " << c.qk_nope_head_dim << ", qk_rope " << c.qk_rope_head_dim << ", v "
+        << c.v_head_dim << "; run absorbed: 1 latent KV head of " << c.head_dim << "\n";
   out << "embeddings:     " << (c.tied_embeddings ? "tied (lm_head = tok_embeddings)" : "untied")
       << (c.embed_scale ? ", scaled by sqrt(dim)" : "") << "\n";
   if (!c.local_layers.empty()) {
@@ -189,7 +204,9 @@ int run_model_info(const std::vector<std::string>& args) {
   if (c.sandwich_norms)
     out << "block:          Gemma (post-attention and post-FFN norms, "
         << (c.ffn_activation == FfnActivation::kGeluTanh ? "GeGLU tanh" : "SwiGLU") << ")\n";
-  if (c.query_scale > 0) out << "score scale:    " << attention_scale(c) << " (query_pre_attn_scalar^-1/2)\n";
+  if (c.query_scale > 0)
+    out << "score scale:    " << attention_scale(c)
+        << (c.mla() ? " (1/sqrt(qk_nope + qk_rope))\n" : " (query_pre_attn_scalar^-1/2)\n");
   if (c.attn_softcap > 0 || c.final_softcap > 0)
     out << "soft-capping:   attention " << c.attn_softcap << ", final logits " << c.final_softcap << "\n";
   out << "weights dtype:  " << model->stored_dtype << "\n";
@@ -231,8 +248,19 @@ int run_model_info(const std::vector<std::string>& args) {
     const int64_t b = kv_bytes(t);
     out << (t == DType::kF32 ? "" : ", ") << dtype_name(t) << " " << b;
   }
-  out << "  (2 x " << c.n_layers << " layers x " << c.n_kv_heads << " KV heads x " << c.head_dim
-      << " head dim x bytes per element)\n";
+  if (c.mla()) {
+    out << "  (" << c.n_layers << " layers x (kv_lora_rank " << c.kv_lora_rank << " + qk_rope_head_dim "
+        << c.qk_rope_head_dim << ") x bytes per element: the latent cache)\n";
+    out << "MHA equivalent: ";
+    for (DType t : kv_dtypes)
+      out << (t == DType::kF32 ? "" : ", ") << dtype_name(t) << " " << c.mha_kv_bytes_per_token(t);
+    out << "  (" << c.n_layers << " layers x " << c.n_heads << " heads x (" << c.qk_nope_head_dim + c.qk_rope_head_dim
+        << " key + " << c.v_head_dim << " value) x bytes; the latent cache is "
+        << static_cast<double>(c.kv_bytes_per_token(DType::kF32)) / c.mha_kv_bytes_per_token(DType::kF32) << " of it)\n";
+  } else {
+    out << "  (2 x " << c.n_layers << " layers x " << c.n_kv_heads << " KV heads x " << c.head_dim
+        << " head dim x bytes per element)\n";
+  }
   out << "KV at max ctx:  f16 " << human(static_cast<double>(c.kv_bytes_per_token(DType::kF16)) * c.max_seq_len)
       << "B\n";
   if (model->tokenizer) {

@@ -32,6 +32,16 @@ class CpuBackend final : public Backend {
   HostRows qkv(int layer, std::span<const int32_t> rope_pos, bool) override {
     dense_.qkv(layer, x_.data(), n_, q_.data(), k_.data(), v_.data());
     const int hd = c_.head_dim, qd = c_.n_heads * hd, kvd = c_.n_kv_heads * hd;
+    if (c_.mla()) {  // RoPE on each head's last qk_rope_head_dim features; the value rows are the key rows
+      const int r0 = c_.kv_lora_rank;
+      for (int r = 0; r < n_; ++r) {
+        if (rope_pos[r] < 0) continue;  // (refused for MLA by the engine)
+        for (int h = 0; h < c_.n_heads; ++h)
+          rope_[layer].rotate(q_.data() + static_cast<size_t>(r) * qd + h * hd + r0, rope_pos[r]);
+        rope_[layer].rotate(k_.data() + static_cast<size_t>(r) * kvd + r0, rope_pos[r]);
+      }
+      return {q_.data(), k_.data(), k_.data()};
+    }
     for (int r = 0; r < n_; ++r) {
       if (rope_pos[r] < 0) continue;
       apply_rope(q_.data() + static_cast<size_t>(r) * qd, c_.n_heads, hd, rope_pos[r], rope_[layer]);

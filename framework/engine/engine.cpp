@@ -43,9 +43,16 @@ namespace {
 RopeConfig rope_config(const ModelConfig& c) {
   RopeConfig r;
   r.layout = c.rope_style == RopeStyle::kNeox ? RopeLayout::kNeox : RopeLayout::kInterleaved;
-  r.head_dim = c.head_dim;
+  r.head_dim = c.rope_dim();  // MLA: the rope part of a head only
   r.theta = c.rope_theta;
   const std::string& t = c.rope_scaling.type;
+  if (t == "yarn") {  // as per-pair divisors of the unscaled frequencies (rope_inv_freq_f64)
+    r.scaling = RopeScalingKind::kNone;
+    const std::vector<double> inv = rope_inv_freq_f64(c);
+    for (size_t i = 0; i < inv.size(); ++i)
+      r.freq_factors.push_back(std::pow(double(c.rope_theta), -2.0 * double(i) / c.rope_dim()) / inv[i]);
+    return r;
+  }
   if (t == "none" || !c.rope_freq_factors.empty()) r.scaling = RopeScalingKind::kNone;
   else if (t == "linear") r.scaling = RopeScalingKind::kLinear;
   else if (t == "llama3") r.scaling = RopeScalingKind::kLlama3;
@@ -55,8 +62,8 @@ RopeConfig rope_config(const ModelConfig& c) {
   r.high_freq_factor = c.rope_scaling.high_freq_factor;
   r.original_max_position = c.rope_scaling.original_max_position;
   if (!c.rope_freq_factors.empty()) {
-    if (static_cast<int>(c.rope_freq_factors.size()) != c.head_dim / 2)
-      fail("model: ", c.rope_freq_factors.size(), " RoPE frequency factors, expected head_dim/2 = ", c.head_dim / 2);
+    if (static_cast<int>(c.rope_freq_factors.size()) != c.rope_dim() / 2)
+      fail("model: ", c.rope_freq_factors.size(), " RoPE frequency factors, expected the RoPE dim / 2 = ", c.rope_dim() / 2);
     r.freq_factors.assign(c.rope_freq_factors.begin(), c.rope_freq_factors.end());
   }
   return r;
@@ -75,8 +82,9 @@ KvStoreConfig store_config(const ModelConfig& c, const EngineOptions& o) {
   kc.fp8_scale = o.kv_fp8_scale;
   kc.group_size = o.kv_group_size;
   kc.residual = o.kv_residual;
+  kc.values_alias_keys = c.mla();  // the latent row [c ; k_rope] is the key and (its first r features) the value
   const size_t block_bytes =
-      size_t{2} * KvBlockLayout{o.kv_format, o.block_size_tokens, c.n_kv_heads, c.head_dim, o.kv_group_size}.block_bytes();
+      (kc.values_alias_keys ? size_t{1} : size_t{2}) * KvBlockLayout{o.kv_format, o.block_size_tokens, c.n_kv_heads, c.head_dim, o.kv_group_size}.block_bytes();
   const size_t blocks_per_seq =
       static_cast<size_t>(c.n_layers) * ((o.max_tokens + o.block_size_tokens - 1) / o.block_size_tokens);
   kc.budget_bytes = o.kv_budget_bytes ? o.kv_budget_bytes : blocks_per_seq * o.max_batch * block_bytes;
@@ -116,6 +124,12 @@ Engine::Engine(const Model& model, const EngineOptions& opts)
   if (opts.device != Device::kCpu && opts.kv_format != KvFormat::kF32)
     fail("engine: KV format ", kv_format_name(opts.kv_format), " is not available with the ", device_name(opts.device),
          " backend (its kernels read f32 host pages; choose the device pool's precision with the device dtype)");
+  if (c.mla() && opts.device != Device::kCpu)
+    fail("engine: multi-head latent attention (", c.arch, ", MLA) is not supported by the ", device_name(opts.device),
+         " backend yet (use device cpu)");
+  if (c.mla() && kv_format_is_kivi(opts.kv_format))
+    fail("engine: KV format ", kv_format_name(opts.kv_format), " cannot hold MLA's latent cache (its values are the "
+         "keys' rows; KIVI quantises keys per channel and values per token): choose f32, f16, bf16, int8 or fp8");
   if (opts.prefill_chunk_tokens <= 0) fail("engine: prefill_chunk_tokens must be > 0");
   if (opts.max_batch <= 0) fail("engine: max_batch must be > 0");
   if (opts.max_tokens < 0) fail("engine: max_tokens must be >= 0 (0 = the model's max_seq_len)");
@@ -154,6 +168,10 @@ const Engine::Sequence& Engine::seq_at(SeqId seq) const {
 Engine::Sequence& Engine::seq_at(SeqId seq) { return const_cast<Sequence&>(std::as_const(*this).seq_at(seq)); }
 
 SeqId Engine::start_sequence(std::unique_ptr<AttentionPolicy> policy, uint64_t seed) {
+  if (policy && policy->needs().rope_at_cache_position && config().mla())
+    fail("engine: the policy rotates keys at their cache position (rope_at_cache_position), "
+         "which multi-head latent attention (", config().arch, ") does not support: its cache rows rotate only their "
+         "last ", config().qk_rope_head_dim, " features");
   auto s = std::make_unique<Sequence>();
   s->id = store_->create_sequence();
   s->seed = seed;
@@ -181,6 +199,9 @@ SeqId Engine::fork(SeqId seq, std::unique_ptr<AttentionPolicy> child_policy) {
   if (parent.policy && !child_policy)
     fail("engine: fork of sequence ", seq, " which has an attention policy needs a fresh policy "
          "for the child (policy state cannot be copied)");
+  if (child_policy && child_policy->needs().rope_at_cache_position && config().mla())
+    fail("engine: fork: the child's policy needs rope_at_cache_position, which multi-head latent "
+         "attention does not support");
   if (child_policy && parent.policy &&
       child_policy->needs().rope_at_cache_position != parent.needs.rope_at_cache_position)
     fail("engine: fork: the child's policy stores keys differently (rope_at_cache_position)");

@@ -50,6 +50,12 @@ inline double logit_bound(const Model& m, size_t n_tokens) {
   // multipliers rounded once more) and the per-head q/k norms (head_dim terms each); soft-capping
   // (|d tanh| <= 1) and GELU-tanh (|gelu'| < 1.13, as silu's < 1.1) amplify nothing.
   if (c.sandwich_norms) per_layer += 2.0 * c.dim + 2.0 * c.head_dim;
+  // MLA (absorbed): the lengths along the path are D (W_qa or W_q, and W_kva) + q_lora (W_qb) +
+  // q_lora + r (the q_a and kv_a RMSNorms' sums of squares) + nope (W_UK^T q_nope) + r + rope
+  // (scores: head_dim) + n_tokens (softmax, P C) + r (W_UV) + n_heads * v_head_dim (Wo) + D + hidden.
+  if (c.mla())
+    per_layer = 2.0 * c.dim + 2.0 * c.q_lora_rank + 2.0 * c.kv_lora_rank + c.qk_nope_head_dim + c.head_dim +
+                double(n_tokens) + double(c.n_heads) * c.v_head_dim + c.hidden_dim;
   const double N = c.n_layers * per_layer + c.dim;
   constexpr double kU = 0x1p-24, kLambda = 6;
   return 2 * kLambda * kU * std::sqrt(N) * M;

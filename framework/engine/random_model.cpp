@@ -65,10 +65,25 @@ std::unique_ptr<Model> make_random_model(const ModelConfig& c, DType weight_dtyp
   for (int l = 0; l < c.n_layers; ++l) {
     LayerWeights w;
     w.attn_norm = b.vec(c.dim, 1.f, 0.1f);
-    w.wq = b.matrix(qd, c.dim);
-    w.wk = b.matrix(kvd, c.dim);
-    w.wv = b.matrix(kvd, c.dim);
-    w.wo = b.matrix(c.dim, qd);
+    if (c.mla()) {  // model.h LayerWeights' MLA matrices
+      const int64_t mla_q = int64_t{c.n_heads} * (c.qk_nope_head_dim + c.qk_rope_head_dim);
+      if (c.q_lora_rank > 0) {
+        w.wq_a = b.matrix(c.q_lora_rank, c.dim);
+        w.q_a_norm = b.vec(c.q_lora_rank, 1.f, 0.1f);
+        w.wq_b = b.matrix(mla_q, c.q_lora_rank);
+      } else {
+        w.wq = b.matrix(mla_q, c.dim);
+      }
+      w.wkv_a = b.matrix(c.kv_lora_rank + c.qk_rope_head_dim, c.dim);
+      w.kv_a_norm = b.vec(c.kv_lora_rank, 1.f, 0.1f);
+      w.wkv_b = b.matrix(int64_t{c.n_heads} * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank);
+      w.wo = b.matrix(c.dim, int64_t{c.n_heads} * c.v_head_dim);
+    } else {
+      w.wq = b.matrix(qd, c.dim);
+      w.wk = b.matrix(kvd, c.dim);
+      w.wv = b.matrix(kvd, c.dim);
+      w.wo = b.matrix(c.dim, qd);
+    }
     if (c.qkv_bias) {
       w.bq = b.vec(qd, 0.f, 0.1f);
       w.bk = b.vec(kvd, 0.f, 0.1f);

@@ -33,7 +33,16 @@ std::string model_config_json(const ModelConfig& c) {
                  ", \"n_heads\": ", c.n_heads, ", \"n_kv_heads\": ", c.n_kv_heads, ", \"head_dim\": ",
                  c.head_dim, ", \"hidden_dim\": ", c.hidden_dim, ", \"vocab_size\": ", c.vocab_size,
                  ", \"max_seq_len\": ", c.max_seq_len, ", \"rope_theta\": ", c.rope_theta,
-                 ", \"rms_eps\": ", c.rms_eps, "}");
+                 ", \"rms_eps\": ", c.rms_eps,
+                 // MLA: the ranks, and the f32 bytes per token of the latent cache against the
+                 // equivalent per-head (MHA) cache
+                 c.mla() ? str_cat(", \"q_lora_rank\": ", c.q_lora_rank, ", \"kv_lora_rank\": ", c.kv_lora_rank,
+                                   ", \"qk_nope_head_dim\": ", c.qk_nope_head_dim, ", \"qk_rope_head_dim\": ",
+                                   c.qk_rope_head_dim, ", \"v_head_dim\": ", c.v_head_dim,
+                                   ", \"kv_bytes_per_token_f32\": ", c.kv_bytes_per_token(DType::kF32),
+                                   ", \"mha_kv_bytes_per_token_f32\": ", c.mha_kv_bytes_per_token(DType::kF32))
+                         : std::string(),
+                 "}");
 }
 
 // Tokens a cell keeps in the KV store at most, summed over layers, per the policy's budget.
@@ -79,6 +88,7 @@ KvStoreConfig store_config(const ExperimentSpec& spec, const ModelConfig& c, con
   KvStoreConfig kc{c.n_layers, c.n_kv_heads, c.head_dim, spec.kv.block_size_tokens, 0, KvFormat::kF32, 1.f,
                    spec.kv.group_size, spec.kv.residual};
   parse_kv_format(format, &kc.format);  // checked when parsed
+  kc.values_alias_keys = c.mla();  // MLA's latent cache: one row per token (kv_store.h)
   return kc;
 }
 

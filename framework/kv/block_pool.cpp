@@ -19,10 +19,10 @@ uint8_t* alloc_arena(size_t n) {
 
 }  // namespace
 
-BlockPool::BlockPool(int64_t n_blocks, size_t block_bytes) : block_bytes_(block_bytes) {
+BlockPool::BlockPool(int64_t n_blocks, size_t block_bytes, bool shared_arenas) : block_bytes_(block_bytes) {
   KVLAB_CHECK(n_blocks >= 0 && n_blocks < (int64_t{1} << 31), "n_blocks = ", n_blocks);
   k_base_ = alloc_arena(static_cast<size_t>(n_blocks) * block_bytes);
-  v_base_ = alloc_arena(static_cast<size_t>(n_blocks) * block_bytes);
+  v_base_ = shared_arenas ? k_base_ : alloc_arena(static_cast<size_t>(n_blocks) * block_bytes);
   ref_.assign(static_cast<size_t>(n_blocks), 0);
   free_.reserve(static_cast<size_t>(n_blocks));
   // Stack: block 0 on top, so blocks are handed out in increasing order at first.
@@ -30,8 +30,8 @@ BlockPool::BlockPool(int64_t n_blocks, size_t block_bytes) : block_bytes_(block_
 }
 
 BlockPool::~BlockPool() {
+  if (v_base_ != k_base_) std::free(v_base_);
   std::free(k_base_);
-  std::free(v_base_);
 }
 
 int32_t BlockPool::allocate() {

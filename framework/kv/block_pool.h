@@ -18,7 +18,9 @@ namespace kvlab {
 
 class BlockPool {
  public:
-  BlockPool(int64_t n_blocks, size_t block_bytes);  // block_bytes per arena
+  // block_bytes per arena. shared_arenas: one arena serves as both K and V (v(b) == k(b): the
+  // store's values-alias-keys mode, MLA's latent cache), half the memory.
+  BlockPool(int64_t n_blocks, size_t block_bytes, bool shared_arenas = false);
   ~BlockPool();
   BlockPool(const BlockPool&) = delete;
   BlockPool& operator=(const BlockPool&) = delete;

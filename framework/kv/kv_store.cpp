@@ -23,6 +23,10 @@ KvBlockLayout checked_layout(const KvStoreConfig& c) {
          c.n_layers, ", ", c.n_kv_heads, ", ", c.head_dim, ", ", c.block_size_tokens, ")");
   if (kv_format_has_head_scale(c.format) && !(c.fp8_scale > 0.f && std::isfinite(c.fp8_scale)))
     fail("KvStoreConfig: fp8_scale must be positive and finite (got ", c.fp8_scale, ")");
+  if (c.values_alias_keys && kv_format_is_kivi(c.format))
+    fail("KvStoreConfig: KV format ", kv_format_name(c.format), " cannot store values as aliases of the keys "
+         "(MLA's latent cache): KIVI quantises keys per channel and values per token, so one stored row cannot be "
+         "both; choose f32, f16, bf16, int8 or an fp8 format");
   if (kv_format_is_kivi(c.format)) {
     const int G = c.group_size, P = c.block_size_tokens, D = c.head_dim;
     if (G <= 0 || D % G != 0)
@@ -36,8 +40,11 @@ KvBlockLayout checked_layout(const KvStoreConfig& c) {
   return {c.format, c.block_size_tokens, c.n_kv_heads, c.head_dim, kv_format_is_kivi(c.format) ? c.group_size : 32};
 }
 
+// Arenas a block occupies: K and V, or one when values alias keys.
+size_t arenas(const KvStoreConfig& c) { return c.values_alias_keys ? 1 : 2; }
+
 int64_t pool_blocks(const KvStoreConfig& c) {
-  const size_t block_bytes = 2 * checked_layout(c).block_bytes();
+  const size_t block_bytes = arenas(c) * checked_layout(c).block_bytes();
   const size_t n = c.budget_bytes / block_bytes;
   return static_cast<int64_t>(std::min<size_t>(n, (size_t{1} << 31) - 1));
 }
@@ -47,14 +54,14 @@ int64_t pool_blocks(const KvStoreConfig& c) {
 
 double kv_bytes_per_token(const KvStoreConfig& c) {
   const KvBlockLayout layout = checked_layout(c);
-  return 2.0 * static_cast<double>(layout.block_bytes()) * c.n_layers / c.block_size_tokens;
+  return static_cast<double>(arenas(c)) * static_cast<double>(layout.block_bytes()) * c.n_layers / c.block_size_tokens;
 }
 
 KvStore::KvStore(const KvStoreConfig& config)
     : config_(config),
       layout_(checked_layout(config)),
-      block_bytes_(2 * layout_.block_bytes()),
-      pool_(pool_blocks(config), layout_.block_bytes()) {
+      block_bytes_(arenas(config) * layout_.block_bytes()),
+      pool_(pool_blocks(config), layout_.block_bytes(), config.values_alias_keys) {
   if (kv_format_has_head_scale(config.format)) {
     k_head_scale_.assign(static_cast<size_t>(config.n_layers) * config.n_kv_heads, config.fp8_scale);
     v_head_scale_ = k_head_scale_;
@@ -73,6 +80,11 @@ void KvStore::check_fp8_scales(const char* what, int layer, const float* k_scale
   for (int h = 0; h < config_.n_kv_heads; ++h)
     if (!(k_scales[h] > 0.f && std::isfinite(k_scales[h]) && v_scales[h] > 0.f && std::isfinite(v_scales[h])))
       fail("KvStore::", what, ": layer ", layer, " kv_head ", h, ": scales must be positive and finite");
+  if (config_.values_alias_keys)
+    for (int h = 0; h < config_.n_kv_heads; ++h)
+      if (k_scales[h] != v_scales[h])
+        fail("KvStore::", what, ": layer ", layer, " kv_head ", h, ": values alias keys, so the K and V scales must "
+             "be equal (got ", k_scales[h], " and ", v_scales[h], ")");
 }
 
 void KvStore::set_fp8_scales(int layer, const float* k_scales, const float* v_scales) {
@@ -102,11 +114,13 @@ void KvStore::set_sequence_fp8_scales(SeqId seq, int layer, const float* k_scale
 void KvStore::move_row(int32_t dst_b, size_t dst_entry, int32_t src_b, size_t src_entry, int kv_head) {
   const int e0 = static_cast<int>(dst_entry), e1 = static_cast<int>(src_entry);
   const size_t rb = layout_.row_bytes();
+  const bool alias = config_.values_alias_keys;  // V is K: one copy
   std::memcpy(pool_.k(dst_b) + row_offset(e0, kv_head), pool_.k(src_b) + row_offset(e1, kv_head), rb);
-  std::memcpy(pool_.v(dst_b) + row_offset(e0, kv_head), pool_.v(src_b) + row_offset(e1, kv_head), rb);
+  if (!alias) std::memcpy(pool_.v(dst_b) + row_offset(e0, kv_head), pool_.v(src_b) + row_offset(e1, kv_head), rb);
   if (const int mb = kv_format_row_meta_bytes(layout_.format); mb > 0) {
     std::memcpy(pool_.k(dst_b) + layout_.meta_offset(kv_head, e0), pool_.k(src_b) + layout_.meta_offset(kv_head, e1), mb);
-    std::memcpy(pool_.v(dst_b) + layout_.meta_offset(kv_head, e0), pool_.v(src_b) + layout_.meta_offset(kv_head, e1), mb);
+    if (!alias)
+      std::memcpy(pool_.v(dst_b) + layout_.meta_offset(kv_head, e0), pool_.v(src_b) + layout_.meta_offset(kv_head, e1), mb);
   }
 }
 
@@ -218,7 +232,7 @@ int64_t KvStore::blocks_needed(SeqId seq, int n_new) const {
 
 void KvStore::copy_block(int32_t dst, int32_t src) {
   std::memcpy(pool_.k(dst), pool_.k(src), layout_.block_bytes());
-  std::memcpy(pool_.v(dst), pool_.v(src), layout_.block_bytes());
+  if (!config_.values_alias_keys) std::memcpy(pool_.v(dst), pool_.v(src), layout_.block_bytes());
 }
 
 AllocStatus KvStore::reserve(SeqId seq, int n_new) {
@@ -258,6 +272,7 @@ AllocStatus KvStore::reserve(SeqId seq, int n_new) {
 }
 
 int KvStore::append(SeqId seq, int layer, int64_t position, const float* k, const float* v) {
+  if (config_.values_alias_keys) v = k;  // the value row is the key row (one arena)
   LayerTable& lc = layer_at(seq, layer);
   if (lc.pending <= 0)
     fail("KvStore::append: sequence ", seq, " layer ", layer, " has no reserved slot (call reserve)");

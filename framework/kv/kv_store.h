@@ -57,6 +57,15 @@
 // from its valid cells, and, when blocks were removed or compacted, of every page from the first
 // one that changed (O(tail) for that eviction; policies that keep page stats do not evict).
 //
+// Values alias keys (KvStoreConfig::values_alias_keys; MLA's latent cache, ModelConfig::mla()):
+// the pool has one arena and a slot's value row IS its key row (LayerKv's v_bytes / v_data equal
+// k_bytes / k_data; append() stores k and ignores v), so a block is half the bytes and
+// kv_bytes_per_token counts one row per (layer, head). The engine's absorbed MLA reads the first
+// kv_lora_rank features of the attention output as sum_j p_j c_j. Every per-row format aliases
+// (f32, f16, bf16, int8, fp8: a row and its scale are one object; fp8 then needs equal K and V
+// scales); KIVI does not (keys quantised per channel over a group, values per token) and is an
+// Error at construction.
+//
 // Running out of blocks is a value (AllocStatus::kOutOfBlocks from reserve(), all-or-nothing),
 // never a crash; misuse (unknown sequence, append without reserve, evicting a hole) throws
 // kvlab::Error. Not thread-safe for mutation; concurrent append() to DIFFERENT sequences after
@@ -88,9 +97,11 @@ struct KvStoreConfig {
   // R (a multiple of G): see "KIVI" above.
   int group_size = 32;
   int residual = 128;
+  bool values_alias_keys = false;  // see "Values alias keys" above
 };
 
-// Bytes a store of this shape and format keeps per token, K and V, all layers and KV heads:
+// Bytes a store of this shape and format keeps per token, K and V (one row when values alias
+// keys), all layers and KV heads:
 // data plus per-row metadata, block padding included (what the pool holds per slot).
 double kv_bytes_per_token(const KvStoreConfig& config);
 

@@ -20,8 +20,9 @@ const char* rope_style_name(RopeStyle style) {
   return style == RopeStyle::kInterleaved ? "interleaved" : "neox";
 }
 
-size_t ModelConfig::kv_bytes_per_token(DType kv_dtype) const {
-  const size_t elements = 2 * static_cast<size_t>(n_layers) * n_kv_heads * head_dim;
+namespace {
+
+size_t kv_bytes(size_t elements, DType kv_dtype) {
   switch (kv_dtype) {
     case DType::kF32: return elements * 4;
     case DType::kF16: case DType::kBF16: return elements * 2;
@@ -30,6 +31,19 @@ size_t ModelConfig::kv_bytes_per_token(DType kv_dtype) const {
     default:
       fail(dtype_name(kv_dtype), " is a weight type, not a KV-cache dtype");
   }
+}
+
+}  // namespace
+
+size_t ModelConfig::kv_bytes_per_token(DType kv_dtype) const {
+  // MLA: one row of head_dim = kv_lora_rank + qk_rope_head_dim per layer (values alias keys)
+  return kv_bytes((mla() ? 1 : 2) * static_cast<size_t>(n_layers) * n_kv_heads * head_dim, kv_dtype);
+}
+
+size_t ModelConfig::mha_kv_bytes_per_token(DType kv_dtype) const {
+  if (!mla()) return kv_bytes_per_token(kv_dtype);
+  return kv_bytes(static_cast<size_t>(n_layers) * n_heads * (qk_nope_head_dim + qk_rope_head_dim + v_head_dim),
+                  kv_dtype);
 }
 
 int layer_window(const ModelConfig& c, int layer) {
@@ -41,13 +55,47 @@ float attention_scale(const ModelConfig& c) {
   return c.query_scale > 0 ? c.query_scale : 1.f / std::sqrt(static_cast<float>(c.head_dim));
 }
 
-std::vector<float> rope_inv_freq(const ModelConfig& c) {
-  const int half = c.head_dim / 2;
-  std::vector<float> out(half);
+namespace {
+
+double yarn_m(double scale, double x) { return scale <= 1 ? 1.0 : 0.1 * x * std::log(scale) + 1.0; }
+
+}  // namespace
+
+double yarn_rope_mscale(const ModelConfig& c) {
   const RopeScaling& s = c.rope_scaling;
+  return s.type == "yarn" ? yarn_m(s.factor, s.mscale) / yarn_m(s.factor, s.mscale_all_dim) : 1.0;
+}
+
+double yarn_attention_mscale(const ModelConfig& c) {
+  const RopeScaling& s = c.rope_scaling;
+  return s.type == "yarn" ? yarn_m(s.factor, s.mscale_all_dim) : 1.0;
+}
+
+std::vector<float> rope_inv_freq(const ModelConfig& c) {
+  const std::vector<double> inv = rope_inv_freq_f64(c);
+  return std::vector<float>(inv.begin(), inv.end());
+}
+
+std::vector<double> rope_inv_freq_f64(const ModelConfig& c) {
+  const int d = c.rope_dim(), half = d / 2;
+  std::vector<double> out(half);
+  const RopeScaling& s = c.rope_scaling;
+  // yarn: the pairs [low, high] ramp from extrapolated (unscaled) to interpolated frequencies
+  double low = 0, high = 0;
+  if (s.type == "yarn") {
+    const double theta = c.rope_theta;
+    auto corr_dim = [&](double n_rot) {
+      return d * std::log(s.original_max_position / (n_rot * 2 * std::numbers::pi)) / (2 * std::log(theta));
+    };
+    low = std::max(std::floor(corr_dim(s.beta_fast)), 0.0);
+    high = std::min(std::ceil(corr_dim(s.beta_slow)), double(d - 1));
+  }
   for (int i = 0; i < half; ++i) {
-    double inv = std::pow(static_cast<double>(c.rope_theta), -2.0 * i / c.head_dim);
-    if (!c.rope_freq_factors.empty()) {
+    double inv = std::pow(static_cast<double>(c.rope_theta), -2.0 * i / d);
+    if (s.type == "yarn") {
+      const double ramp = std::clamp((i - low) / std::max(high - low, 0.001), 0.0, 1.0);
+      inv = inv / s.factor * ramp + inv * (1 - ramp);
+    } else if (!c.rope_freq_factors.empty()) {
       inv /= c.rope_freq_factors[i];
     } else if (s.type == "linear") {
       inv /= s.factor;
@@ -63,7 +111,7 @@ std::vector<float> rope_inv_freq(const ModelConfig& c) {
         inv *= (1 - smooth) / s.factor + smooth;
       }
     }
-    out[i] = static_cast<float>(inv);
+    out[i] = inv;
   }
   return out;
 }
@@ -95,12 +143,13 @@ int64_t parameter_count(const Model& m) {
   int64_t n = m.tok_embeddings.rows * m.tok_embeddings.cols + static_cast<int64_t>(m.final_norm.size());
   if (!m.config.tied_embeddings) n += m.lm_head.rows * m.lm_head.cols;
   for (const LayerWeights& l : m.layers) {
-    for (const WeightView* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) {
+    for (const WeightView* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down, &l.wq_a, &l.wq_b,
+                                &l.wkv_a, &l.wkv_b}) {
       n += w->rows * w->cols;
     }
     n += static_cast<int64_t>(l.attn_norm.size() + l.ffn_norm.size() + l.bq.size() + l.bk.size() +
                               l.bv.size() + l.q_norm.size() + l.k_norm.size() + l.post_attn_norm.size() +
-                              l.post_ffn_norm.size());
+                              l.post_ffn_norm.size() + l.q_a_norm.size() + l.kv_a_norm.size());
   }
   return n;
 }
@@ -136,7 +185,11 @@ std::string gguf_tensor_name(int layer, std::string_view part) {
       {"w_gate", "ffn_gate.weight"},     {"w_up", "ffn_up.weight"},     {"w_down", "ffn_down.weight"},
       {"q_norm", "attn_q_norm.weight"},  {"k_norm", "attn_k_norm.weight"},
       {"post_attn_norm", "post_attention_norm.weight"},
-      {"post_ffn_norm", "post_ffw_norm.weight"}};
+      {"post_ffn_norm", "post_ffw_norm.weight"},
+      // deepseek2 (gguf-py constants.py ATTN_Q_A ... ATTN_KV_B)
+      {"wq_a", "attn_q_a.weight"},       {"q_a_norm", "attn_q_a_norm.weight"}, {"wq_b", "attn_q_b.weight"},
+      {"wkv_a", "attn_kv_a_mqa.weight"}, {"kv_a_norm", "attn_kv_a_norm.weight"},
+      {"wkv_b", "attn_kv_b.weight"}};
   return str_cat("blk.", layer, ".", kParts.find(part)->second);
 }
 
@@ -183,14 +236,38 @@ void validate_config(const ModelConfig& c, const std::filesystem::path& file) {
   if (c.n_heads % c.n_kv_heads != 0) {
     fail(file.string(), ": n_heads ", c.n_heads, " is not a multiple of n_kv_heads ", c.n_kv_heads);
   }
-  if (c.head_dim % 2 != 0) fail(file.string(), ": head_dim ", c.head_dim, " must be even for RoPE");
+  if (c.mla()) {
+    positive("qk_nope_head_dim", c.qk_nope_head_dim);
+    positive("qk_rope_head_dim", c.qk_rope_head_dim);
+    positive("v_head_dim", c.v_head_dim);
+    if (c.q_lora_rank < 0) fail(file.string(), ": q_lora_rank must be >= 0, got ", c.q_lora_rank);
+    if (c.n_kv_heads != 1 || c.head_dim != c.kv_lora_rank + c.qk_rope_head_dim)
+      fail(file.string(), ": MLA runs one latent KV head of kv_lora_rank + qk_rope_head_dim = ",
+           c.kv_lora_rank + c.qk_rope_head_dim, " features, got ", c.n_kv_heads, " heads of ", c.head_dim);
+  } else if (c.kv_lora_rank < 0 || c.q_lora_rank != 0) {
+    fail(file.string(), ": q_lora_rank without kv_lora_rank (MLA needs kv_lora_rank > 0)");
+  }
+  if (c.rope_dim() % 2 != 0) fail(file.string(), ": the RoPE dimension ", c.rope_dim(), " must be even");
   if (!(c.rms_eps > 0) || !std::isfinite(c.rms_eps))
     fail(file.string(), ": rms epsilon must be positive and finite, got ", c.rms_eps);
   if (!(c.rope_theta > 0) || !std::isfinite(c.rope_theta))
     fail(file.string(), ": rope theta must be positive and finite, got ", c.rope_theta);
   const RopeScaling& s = c.rope_scaling;
-  if (s.type != "none" && s.type != "linear" && s.type != "llama3") {
-    fail(file.string(), ": unsupported rope scaling type '", s.type, "' (supported: none, linear, llama3)");
+  if (s.type != "none" && s.type != "linear" && s.type != "llama3" && s.type != "yarn") {
+    fail(file.string(), ": unsupported rope scaling type '", s.type, "' (supported: none, linear, llama3, yarn)");
+  }
+  if (s.type == "yarn") {
+    if (!c.mla()) fail(file.string(), ": yarn rope scaling is supported for MLA (deepseek2) models only");
+    if (s.original_max_position <= 0)
+      fail(file.string(), ": yarn needs a positive original context length, got ", s.original_max_position);
+    for (float v : {s.beta_fast, s.beta_slow})
+      if (!(v > 0) || !std::isfinite(v)) fail(file.string(), ": yarn beta_fast / beta_slow must be positive and finite, got ", v);
+    for (float v : {s.mscale, s.mscale_all_dim})
+      if (!(v >= 0) || !std::isfinite(v)) fail(file.string(), ": yarn mscale / mscale_all_dim must be finite and >= 0, got ", v);
+    // llama.cpp's form (GGUF's yarn_log_multiplier): the rotated features keep their magnitude
+    if (yarn_rope_mscale(c) != 1.0)
+      fail(file.string(), ": yarn with mscale ", s.mscale, " != mscale_all_dim ", s.mscale_all_dim,
+           " (a cos/sin magnitude) is not supported");
   }
   if (s.type != "none" && (!(s.factor > 0) || !std::isfinite(s.factor)))
     fail(file.string(), ": rope scaling factor must be positive and finite, got ", s.factor);
@@ -220,9 +297,9 @@ void validate_config(const ModelConfig& c, const std::filesystem::path& file) {
   for (float f : c.rope_freq_factors) {
     if (!(f > 0) || !std::isfinite(f)) fail(file.string(), ": rope_freqs holds ", f, " (expected positive, finite factors)");
   }
-  if (!c.rope_freq_factors.empty() && static_cast<int>(c.rope_freq_factors.size()) != c.head_dim / 2) {
-    fail(file.string(), ": rope_freqs has ", c.rope_freq_factors.size(), " entries, expected head_dim/2 = ",
-         c.head_dim / 2);
+  if (!c.rope_freq_factors.empty() && static_cast<int>(c.rope_freq_factors.size()) != c.rope_dim() / 2) {
+    fail(file.string(), ": rope_freqs has ", c.rope_freq_factors.size(), " entries, expected the RoPE dim / 2 = ",
+         c.rope_dim() / 2);
   }
 }
 
@@ -335,13 +412,31 @@ void build_weights(Model& model, const TensorTable& table, const TensorNames& na
     b.check_shape(name, b.get(name), shape);
   };
   expect(names.tok_embeddings, {c.vocab_size, c.dim});
+  // MLA: the query [n_heads, nope + rope], W_kvb's [n_heads, nope + v] rows, Wo over n_heads * v
+  const int64_t mla_q = int64_t{c.n_heads} * (c.qk_nope_head_dim + c.qk_rope_head_dim);
+  const int64_t mla_kvb = int64_t{c.n_heads} * (c.qk_nope_head_dim + c.v_head_dim);
+  const int64_t mla_o = int64_t{c.n_heads} * c.v_head_dim;
   for (int i = 0; i < c.n_layers; ++i) {
     auto name = [&](const char* part) { return names.layer(i, part); };
     expect(name("attn_norm"), {c.dim});
-    expect(name("wq"), {q_dim, c.dim});
-    expect(name("wk"), {kv_dim, c.dim});
-    expect(name("wv"), {kv_dim, c.dim});
-    expect(name("wo"), {c.dim, q_dim});
+    if (c.mla()) {
+      if (c.q_lora_rank > 0) {
+        expect(name("wq_a"), {c.q_lora_rank, c.dim});
+        expect(name("q_a_norm"), {c.q_lora_rank});
+        expect(name("wq_b"), {mla_q, c.q_lora_rank});
+      } else {
+        expect(name("wq"), {mla_q, c.dim});
+      }
+      expect(name("wkv_a"), {c.kv_lora_rank + c.qk_rope_head_dim, c.dim});
+      expect(name("kv_a_norm"), {c.kv_lora_rank});
+      expect(name("wkv_b"), {mla_kvb, c.kv_lora_rank});
+      expect(name("wo"), {c.dim, mla_o});
+    } else {
+      expect(name("wq"), {q_dim, c.dim});
+      expect(name("wk"), {kv_dim, c.dim});
+      expect(name("wv"), {kv_dim, c.dim});
+      expect(name("wo"), {c.dim, q_dim});
+    }
     if (c.qkv_bias) {
       expect(name("bq"), {q_dim});
       expect(name("bk"), {kv_dim});
@@ -369,10 +464,24 @@ void build_weights(Model& model, const TensorTable& table, const TensorNames& na
     LayerWeights& l = model.layers[i];
     auto name = [&](const char* part) { return names.layer(i, part); };
     l.attn_norm = b.vector(name("attn_norm"), c.dim);
-    l.wq = b.matrix(name("wq"), q_dim, c.dim);
-    l.wk = b.matrix(name("wk"), kv_dim, c.dim);
-    l.wv = b.matrix(name("wv"), kv_dim, c.dim);
-    l.wo = b.matrix(name("wo"), c.dim, q_dim);
+    if (c.mla()) {
+      if (c.q_lora_rank > 0) {
+        l.wq_a = b.matrix(name("wq_a"), c.q_lora_rank, c.dim);
+        l.q_a_norm = b.vector(name("q_a_norm"), c.q_lora_rank);
+        l.wq_b = b.matrix(name("wq_b"), mla_q, c.q_lora_rank);
+      } else {
+        l.wq = b.matrix(name("wq"), mla_q, c.dim);
+      }
+      l.wkv_a = b.matrix(name("wkv_a"), c.kv_lora_rank + c.qk_rope_head_dim, c.dim);
+      l.kv_a_norm = b.vector(name("kv_a_norm"), c.kv_lora_rank);
+      l.wkv_b = b.matrix(name("wkv_b"), mla_kvb, c.kv_lora_rank);
+      l.wo = b.matrix(name("wo"), c.dim, mla_o);
+    } else {
+      l.wq = b.matrix(name("wq"), q_dim, c.dim);
+      l.wk = b.matrix(name("wk"), kv_dim, c.dim);
+      l.wv = b.matrix(name("wv"), kv_dim, c.dim);
+      l.wo = b.matrix(name("wo"), c.dim, q_dim);
+    }
     if (c.qkv_bias) {
       l.bq = b.vector(name("bq"), q_dim);
       l.bk = b.vector(name("bk"), kv_dim);

@@ -22,6 +22,13 @@
 // gemma3 62 layers) where it is 1/sqrt(dim / head_count) (query_pre_attn_scalar of their HF
 // configs). gemma3: attn_q_norm / attn_k_norm per head, local layers' RoPE base 10000
 // (<arch>.rope.freq_base_swa when present), rope.freq_base and linear scaling on global layers.
+// deepseek2 (multi-head latent attention; llama.cpp c392e50's llm_load_hparams / build_deepseek2):
+// attention.kv_lora_rank, attention.q_lora_rank (absent: one attn_q, V2-Lite's form),
+// attention.key_length = qk_nope + qk_rope, attention.value_length = v_head_dim,
+// rope.dimension_count = qk_rope; tensors blk.N.attn_q_a / attn_q_a_norm / attn_q_b (or attn_q),
+// attn_kv_a_mqa, attn_kv_a_norm, attn_kv_b (one [n_heads * (nope + v), kv_lora_rank] tensor),
+// attn_output; interleaved RoPE on the rope parts. Only dense FFN layers: leading_dense_block_count
+// must cover every block (MoE layers and experts are refused naming the key).
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -83,15 +90,16 @@ void load_gguf(Model& model, const std::filesystem::path& path, const LoadOption
 
   const std::string arch = f.at("general.architecture").as_string();
   const bool gemma = arch == "gemma2" || arch == "gemma3";
-  if (arch != "llama" && arch != "qwen2" && arch != "qwen3" && !gemma) {
-    fail(p, ": unsupported architecture '", arch, "' (supported: llama, qwen2, qwen3, gemma2, gemma3)");
+  const bool mla = arch == "deepseek2";
+  if (arch != "llama" && arch != "qwen2" && arch != "qwen3" && !gemma && !mla) {
+    fail(p, ": unsupported architecture '", arch, "' (supported: llama, qwen2, qwen3, gemma2, gemma3, deepseek2)");
   }
   if (const GgufValue* e = f.find(arch + ".expert_count"); e && e->as_int() > 0) {
     fail(p, ": mixture-of-experts models are not supported (", arch, ".expert_count = ", e->as_int(), ")");
   }
   ModelConfig& c = model.config;
   c.arch = arch;
-  c.rope_style = arch == "llama" ? RopeStyle::kInterleaved : RopeStyle::kNeox;
+  c.rope_style = arch == "llama" || mla ? RopeStyle::kInterleaved : RopeStyle::kNeox;
   c.qk_norm = arch == "qwen3" || arch == "gemma3";
   c.max_seq_len = get_int(f, arch + ".context_length");
   c.dim = get_int(f, arch + ".embedding_length");
@@ -103,11 +111,32 @@ void load_gguf(Model& model, const std::filesystem::path& path, const LoadOption
     fail(p, ": embedding_length ", c.dim, " is not a multiple of head_count ", c.n_heads,
          " and there is no ", arch, ".attention.key_length");
   }
-  c.head_dim = get_int_or(f, arch + ".attention.key_length", c.dim / c.n_heads);
-  if (const int v_dim = get_int_or(f, arch + ".attention.value_length", c.head_dim); v_dim != c.head_dim) {
+  if (mla) {
+    // The MoE layers: llama.cpp's layer i is dense iff i < leading_dense_block_count.
+    if (const int dense = get_int_or(f, arch + ".leading_dense_block_count", 0); dense < c.n_layers)
+      fail(p, ": mixture-of-experts layers are not supported (", arch, ".leading_dense_block_count = ", dense,
+           " of ", c.n_layers, " blocks; MLA is supported with dense FFN layers only)");
+    auto required = [&](const std::string& key) {
+      if (!f.find(key)) fail(p, ": missing key '", key, "'");
+      return get_int(f, key);
+    };
+    c.kv_lora_rank = required(arch + ".attention.kv_lora_rank");
+    c.q_lora_rank = get_int_or(f, arch + ".attention.q_lora_rank", 0);
+    const int qk_dim = required(arch + ".attention.key_length");
+    c.qk_rope_head_dim = required(arch + ".rope.dimension_count");
+    c.v_head_dim = required(arch + ".attention.value_length");
+    if (qk_dim <= c.qk_rope_head_dim)
+      fail(p, ": ", arch, ".attention.key_length ", qk_dim, " must exceed rope.dimension_count ", c.qk_rope_head_dim);
+    c.qk_nope_head_dim = qk_dim - c.qk_rope_head_dim;
+    c.n_kv_heads = 1;  // the latent cache: one KV head (head_count_kv, the decompressed heads, unused)
+    c.head_dim = c.kv_lora_rank + c.qk_rope_head_dim;
+    c.query_scale = 1.f / std::sqrt(static_cast<float>(qk_dim));
+  }
+  if (!mla) c.head_dim = get_int_or(f, arch + ".attention.key_length", c.dim / c.n_heads);
+  if (const int v_dim = get_int_or(f, arch + ".attention.value_length", c.head_dim); !mla && v_dim != c.head_dim) {
     fail(p, ": value_length ", v_dim, " differs from key_length ", c.head_dim, " (unsupported)");
   }
-  if (const int rot = get_int_or(f, arch + ".rope.dimension_count", c.head_dim); rot != c.head_dim) {
+  if (const int rot = get_int_or(f, arch + ".rope.dimension_count", c.head_dim); !mla && rot != c.head_dim) {
     fail(p, ": rope.dimension_count ", rot, " differs from the head dim ", c.head_dim,
          " (partial rotary embeddings are not supported)");
   }
@@ -119,9 +148,18 @@ void load_gguf(Model& model, const std::filesystem::path& path, const LoadOption
     if (type == "linear") {
       c.rope_scaling.type = "linear";
       c.rope_scaling.factor = get_float_or(f, arch + ".rope.scaling.factor", 1.f);
+    } else if (type == "yarn" && mla) {
+      // llama.cpp: freq_scale = 1 / factor, beta_fast 32 / beta_slow 1 (its defaults: not in the
+      // file), cos/sin unscaled (build_deepseek2's attn_factor_scaled cancels ggml's YaRN
+      // magnitude) and kq_scale (1 + yarn_log_multiplier ln factor)^2 / sqrt(qk): here mscale =
+      // mscale_all_dim = yarn_log_multiplier / 0.1 (convert_hf_to_gguf.py writes 0.1 mscale_all_dim).
+      c.rope_scaling.type = "yarn";
+      c.rope_scaling.factor = get_float_or(f, arch + ".rope.scaling.factor", 1.f);
+      const float m = get_float_or(f, arch + ".rope.scaling.yarn_log_multiplier", 0.f) / 0.1f;
+      c.rope_scaling.mscale = c.rope_scaling.mscale_all_dim = m;
     } else if (type != "none") {
-      fail(p, ": unsupported rope scaling type '", type, "' (supported: none, linear, and llama3 "
-           "through rope_freqs.weight)");
+      fail(p, ": unsupported rope scaling type '", type, "' (supported: none, linear, llama3 "
+           "through rope_freqs.weight, and yarn for deepseek2)");
     }
   } else if (const GgufValue* s = f.find(arch + ".rope.scale_linear")) {
     c.rope_scaling.type = "linear";
@@ -134,6 +172,7 @@ void load_gguf(Model& model, const std::filesystem::path& path, const LoadOption
     }
     c.rope_scaling.original_max_position = static_cast<int>(n);
   }
+  if (mla) c.query_scale *= static_cast<float>(std::pow(yarn_attention_mscale(c), 2));  // 1 without yarn
 
   if (gemma) {
     c.embed_scale = true;
@@ -176,7 +215,11 @@ void load_gguf(Model& model, const std::filesystem::path& path, const LoadOption
     RawTensor raw{to_dtype(t.type), std::vector<int64_t>(t.ne.rbegin(), t.ne.rend()), t.data, path};
     table.add(t.name, std::move(raw));
   }
-  if (const RawTensor* freqs = table.find("rope_freqs.weight")) {
+  if (mla && table.find("blk.0.ffn_gate_inp.weight"))
+    fail(p, ": tensor 'blk.0.ffn_gate_inp.weight': mixture-of-experts layers are not supported");
+  if (const RawTensor* freqs = table.find("rope_freqs.weight"); freqs && mla) {
+    fail(p, ": tensor 'rope_freqs.weight' on a deepseek2 model is not supported");
+  } else if (freqs) {
     if (freqs->shape != std::vector<int64_t>{c.head_dim / 2}) {
       fail(p, ": tensor 'rope_freqs.weight' has shape ", shape_string(freqs->shape), ", expected [",
            c.head_dim / 2, "]");

@@ -1,0 +1,185 @@
+// Golden logits of the MLA (deepseek2) GGUF fixtures (CTest fixture mla_models, written by
+// scripts/fixtures/make_mla_fixtures.py): for every config,
+//   - kvlab's absorbed engine on the GGUF equals the independent numpy float64 reference
+//     (tests/reference/mla_ref.py on the HF copy of the weights; one fixture with YaRN) within
+//     logit_bound(), against
+//     both of the reference's modes (decompressed, as HF computes, and absorbed);
+//   - token-by-token decode gives the prefill logits within 2 logit_bound();
+//   - the loaded config is the file's (ranks, head dims, one latent KV head, YaRN's scale);
+//   - the bad GGUFs (MoE layers, expert_count, a missing key, a wrong kv_b shape) are refused
+//     naming the key or tensor.
+// Skips (naming the directory) when the fixtures are absent.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <unistd.h>
+#include <vector>
+
+#include "framework/core/error.h"
+#include "framework/engine/engine.h"
+#include "framework/engine/engine_testing.h"
+#include "framework/engine/logit_bound.h"
+#include "framework/model/model.h"
+
+namespace kvlab {
+namespace {
+
+namespace fs = std::filesystem;
+
+fs::path fixtures_root() {
+  if (const char* b = std::getenv("KVLAB_BINARY_DIR")) return fs::path(b) / "fixtures_mla";
+  return fs::path(KVLAB_BINARY_DIR) / "fixtures_mla";
+}
+fs::path source_root() {
+  if (const char* s = std::getenv("KVLAB_SOURCE_DIR")) return s;
+  return KVLAB_SOURCE_DIR;
+}
+
+std::unique_ptr<Model> load(const fs::path& path) {
+  LoadOptions o;
+  o.load_tokenizer = false;
+  return load_model(path, o);
+}
+
+std::vector<float> reference_logits(const fs::path& hf_dir, const std::vector<int32_t>& tokens, int vocab,
+                                    const std::string& mode) {
+  std::string ids;
+  for (size_t i = 0; i < tokens.size(); ++i) ids += (i ? "," : "") + std::to_string(tokens[i]);
+  const fs::path out = fs::temp_directory_path() / ("kvlab_mla_ref_" + std::to_string(::getpid()) + ".f32");
+  const std::string cmd = "/usr/bin/python3 '" + (source_root() / "tests/reference/mla_ref.py").string() +
+                          "' --model '" + hf_dir.string() + "' --tokens " + ids + " --mode " + mode + " --out '" +
+                          out.string() + "'";
+  if (std::system(cmd.c_str()) != 0) {
+    ADD_FAILURE() << "reference failed: " << cmd;
+    return {};
+  }
+  std::vector<float> lg(tokens.size() * static_cast<size_t>(vocab));
+  std::ifstream in(out, std::ios::binary);
+  in.read(reinterpret_cast<char*>(lg.data()), static_cast<std::streamsize>(lg.size() * sizeof(float)));
+  EXPECT_EQ(in.gcount(), static_cast<std::streamsize>(lg.size() * sizeof(float))) << out;
+  fs::remove(out);
+  return lg;
+}
+
+void expect_within(const std::vector<float>& a, const std::vector<float>& b, double bound, const std::string& what) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  double d = 0;
+  for (size_t i = 0; i < a.size(); ++i) d = std::max(d, std::isnan(a[i]) || std::isnan(b[i]) ? INFINITY : std::fabs(double(a[i]) - b[i]));
+  std::printf("  %s: max |diff| %.3g, bound %.3g (%.3f of it)\n", what.c_str(), d, bound, d / bound);
+  EXPECT_LE(d, bound) << what;
+}
+
+struct Fixture {
+  fs::path dir;
+  nlohmann::json meta;
+  std::vector<std::vector<int32_t>> sequences;
+};
+
+class MlaFixtures : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const fs::path list = fixtures_root() / "fixtures.json";
+    if (!fs::exists(list)) GTEST_SKIP() << "needs the mla_models fixtures in " << fixtures_root() << ": absent (run ctest)";
+    const nlohmann::json names = nlohmann::json::parse(std::ifstream(list))["fixtures"];
+    for (const auto& name : names) {
+      Fixture f;
+      f.dir = fixtures_root() / name.get<std::string>();
+      f.meta = nlohmann::json::parse(std::ifstream(f.dir / "fixture.json"));
+      const nlohmann::json seqs = nlohmann::json::parse(std::ifstream(f.dir / "tokens.json"))["sequences"];
+      for (const auto& s : seqs)
+        f.sequences.push_back(s.get<std::vector<int32_t>>());
+      fixtures_.push_back(std::move(f));
+    }
+    ASSERT_FALSE(fixtures_.empty());
+  }
+  std::vector<Fixture> fixtures_;
+};
+
+TEST_F(MlaFixtures, ConfigIsTheFiles) {
+  for (const Fixture& f : fixtures_) {
+    SCOPED_TRACE(f.dir.filename().string());
+    const auto m = load(f.dir / "model.gguf");
+    const ModelConfig& c = m->config;
+    EXPECT_EQ(c.arch, "deepseek2");
+    EXPECT_TRUE(c.mla());
+    EXPECT_EQ(c.q_lora_rank, f.meta["q_lora_rank"].get<int>());
+    EXPECT_EQ(c.kv_lora_rank, f.meta["kv_lora_rank"].get<int>());
+    EXPECT_EQ(c.qk_nope_head_dim, f.meta["qk_nope"].get<int>());
+    EXPECT_EQ(c.qk_rope_head_dim, f.meta["qk_rope"].get<int>());
+    EXPECT_EQ(c.v_head_dim, f.meta["v_head"].get<int>());
+    EXPECT_EQ(c.n_kv_heads, 1);
+    EXPECT_EQ(c.head_dim, c.kv_lora_rank + c.qk_rope_head_dim);
+    EXPECT_EQ(c.rope_style, RopeStyle::kInterleaved);
+    // YaRN: the score scale times (1 + yarn_log_multiplier ln factor)^2, 0.1 x mscale_all_dim the multiplier
+    double ms = 1;
+    if (!f.meta["yarn"].is_null()) {
+      EXPECT_EQ(c.rope_scaling.type, "yarn");
+      EXPECT_EQ(c.rope_scaling.factor, f.meta["yarn"]["factor"].get<float>());
+      EXPECT_EQ(c.rope_scaling.original_max_position, f.meta["yarn"]["original_max_position_embeddings"].get<int>());
+      ms = 1 + 0.1 * f.meta["yarn"]["mscale_all_dim"].get<double>() * std::log(f.meta["yarn"]["factor"].get<double>());
+    } else {
+      EXPECT_EQ(c.rope_scaling.type, "none");
+    }
+    EXPECT_FLOAT_EQ(attention_scale(c), float(ms * ms / std::sqrt(double(c.qk_nope_head_dim + c.qk_rope_head_dim))));
+  }
+}
+
+TEST_F(MlaFixtures, GgufMatchesTheNumpyReference) {
+  for (const Fixture& f : fixtures_) {
+    const auto m = load(f.dir / "model.gguf");
+    const int V = m->config.vocab_size;
+    for (size_t k = f.sequences.size() - 2; k < f.sequences.size(); ++k) {
+      const auto& seq = f.sequences[k];
+      const auto got = prefill_logits(*m, seq);
+      for (const char* mode : {"decompressed", "absorbed"})
+        expect_within(got, reference_logits(f.dir / "hf", seq, V, mode), logit_bound(*m, seq.size()),
+                      f.dir.filename().string() + ", " + std::to_string(seq.size()) + " tokens, reference " + mode);
+    }
+  }
+}
+
+TEST_F(MlaFixtures, DecodeMatchesPrefill) {
+  for (const Fixture& f : fixtures_) {
+    const auto m = load(f.dir / "model.gguf");
+    const auto& seq = f.sequences.back();
+    EngineOptions o;
+    o.threads = 1;
+    o.block_size_tokens = 7;
+    Engine e(*m, o);
+    SeqId s = e.start_sequence();
+    std::vector<float> all, lg;
+    for (int32_t t : seq) {
+      ASSERT_EQ(e.decode(std::span(&s, 1), std::span(&t, 1), lg), StepStatus::kOk);
+      all.insert(all.end(), lg.begin(), lg.end());
+    }
+    expect_within(all, prefill_logits(*m, seq), 2 * logit_bound(*m, seq.size()), f.dir.filename().string() + " decode");
+  }
+}
+
+TEST_F(MlaFixtures, BadFilesAreRefusedNamingTheProblem) {
+  const fs::path bad = fixtures_root() / "bad";
+  for (auto [file, needle] : {std::pair{"moe_layers.gguf", "leading_dense_block_count"},
+                              std::pair{"expert_count.gguf", "expert_count"},
+                              std::pair{"no_kv_lora_rank.gguf", "deepseek2.attention.kv_lora_rank"},
+                              std::pair{"kv_b_shape.gguf", "blk.1.attn_kv_b.weight"}}) {
+    SCOPED_TRACE(file);
+    try {
+      load(bad / file);
+      ADD_FAILURE() << "loaded";
+    } catch (const Error& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find(file), std::string::npos) << msg;
+      EXPECT_NE(msg.find(needle), std::string::npos) << msg;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace kvlab
