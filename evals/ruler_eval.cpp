@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <ctime>
 #include <limits>
 
 #include "framework/core/error.h"
@@ -116,6 +117,14 @@ std::string join(const std::vector<std::string>& v, const char* sep) {
   return s;
 }
 
+// CPU seconds of the whole process, every thread (CLOCK_PROCESS_CPUTIME_ID): what the peer
+// runner's time.process_time() measures, so per-sample CPU compares like for like with kvpress's.
+double process_cpu_s() {
+  timespec t{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return double(t.tv_sec) + 1e-9 * double(t.tv_nsec);
+}
+
 }  // namespace
 
 std::unique_ptr<EvaluationFactory> make_ruler_factory() { return std::make_unique<RulerFactory>(); }
@@ -200,6 +209,7 @@ CellRecord RulerEvaluation::run_cell(size_t cell, EvalContext& ctx) const {
   std::vector<std::vector<int64_t>> positions;
   std::vector<std::vector<int32_t>> prompts;  // store_prompts only
   std::vector<double> sample_s;               // wall seconds per sample (a timing attribute)
+  std::vector<double> sample_cpu_s;           // process CPU seconds per sample (likewise)
   std::vector<SequenceStats> all_stats;
   double score_sum = 0;
   int n = 0;
@@ -211,6 +221,7 @@ CellRecord RulerEvaluation::run_cell(size_t cell, EvalContext& ctx) const {
       std::string status = "ok", prediction;
       std::vector<int32_t> answer;
       const auto t0 = std::chrono::steady_clock::now();
+      const double cpu0 = process_cpu_s();
       try {
         std::unique_ptr<LmSequence> seq = lm.start(ss);
         const std::vector<float>* logits = &feed_prompt(*seq, s.tokens, s.question_tokens, c.protocol);
@@ -225,6 +236,7 @@ CellRecord RulerEvaluation::run_cell(size_t cell, EvalContext& ctx) const {
         status = e.what();
       }
       sample_s.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      sample_cpu_s.push_back(process_cpu_s() - cpu0);
       prediction = ctx.tokenizer.decode(answer);
       const double score = ruler_score(c.task->scoring, prediction, s.references);
       const SequenceStats stats = lm.ended.empty() ? SequenceStats{} : lm.ended.front();
@@ -280,6 +292,7 @@ CellRecord RulerEvaluation::run_cell(size_t cell, EvalContext& ctx) const {
   add_resident_datasets(rec, all_stats, ctx.config);
   add_timing_attrs(rec.attrs, lm);
   rec.attrs["sample_s"] = sample_s;
+  rec.attrs["sample_cpu_s"] = sample_cpu_s;
   return rec;
 }
 

@@ -15,7 +15,12 @@ parameters, and checks:
 - every reported position lies in [0, n), ascending;
 - sinks: the set is exactly the S first positions and the last (count - S) (StreamingLLM's rule,
   POLICIES.md 9), independent of the engine; tova (gqa: layer): the 3 KV heads of a layer keep
-  one set and the last context position is among it (the current token is always kept).
+  one set and the last context position is among it (the current token is always kept);
+- each cell's sample_cpu_s (process CPU per sample, the peer runner's figure) has one entry per
+  sample, each > 0 (a sample prefills ~500 tokens: milliseconds of CPU, far above the clock's
+  nanosecond step) and at most the sample's wall sample_s times the thread count (1) plus 0.01 s
+  (the two clocks are read microseconds apart; 0.01 s is the slack for that, not a tolerance on
+  a measured figure).
 Skips (exit 77) without the bundled model or Debian's h5py.
 """
 import json
@@ -38,7 +43,8 @@ except ImportError:
 failures = []
 with tempfile.TemporaryDirectory() as tmp:
     h5 = os.path.join(tmp, "kept.h5")
-    subprocess.run([exe, "run", os.path.join(src, "evals", "peer", "testdata", "kept_tiny.yaml"), "-o", h5],
+    subprocess.run([exe, "run", os.path.join(src, "evals", "peer", "testdata", "kept_tiny.yaml"), "-o", h5,
+                    "--threads", "1"],
                    check=True, stdout=subprocess.DEVNULL)
     checked = 0
     with h5py.File(h5, "r") as f:
@@ -49,6 +55,13 @@ with tempfile.TemporaryDirectory() as tmp:
                       for k, v in g.attrs.items() if k.startswith("effective.")}
             args = [f"{k}={v}" for k, v in params.items()]
             for cell, c in g["cells"].items():
+                wall, cpu = c.attrs["sample_s"], c.attrs.get("sample_cpu_s")
+                threads = 1  # kvlab run --threads 1 below
+                if cpu is None or len(cpu) != len(c["score"]) or len(wall) != len(cpu):
+                    failures.append(f"{run}/{cell}: sample_cpu_s {cpu}, expected one per sample")
+                elif not all(0 < x <= w * threads + 0.01 for x, w in zip(cpu, wall)):
+                    failures.append(f"{run}/{cell}: sample_cpu_s {list(cpu)} against sample_s {list(wall)}, "
+                                    f"{threads} thread(s)")
                 r = float(params["compression_ratio"])
                 for i in range(len(c["score"])):
                     plen, q = int(c["prompt_length"][i]), int(c["question_tokens"][i])

@@ -313,6 +313,7 @@ bool is_timing_attr(const std::string& name) {
   static const char* kTiming[] = {"start_time", "end_time", "host", "prefill_s", "decode_s",
                                   "tokens_per_s", "prefill_tokens_per_s", "decode_tokens_per_s",
                                   "wall_s", "git_commit", "kvlab_version", "finished_at", "sample_s",
+                                  "sample_cpu_s",
                                   // how a cell was computed, not what (engine.prefix_reuse)
                                   "prefill_tokens_saved"};
   for (const char* t : kTiming)
