@@ -5,7 +5,9 @@
 //     logit_bound(), against
 //     both of the reference's modes (decompressed, as HF computes, and absorbed);
 //   - token-by-token decode gives the prefill logits within 2 logit_bound();
-//   - the loaded config is the file's (ranks, head dims, one latent KV head, YaRN's scale);
+//   - the loaded config is the file's (ranks, head dims, one latent KV head, YaRN's scale), from
+//     the GGUF and from the HF directory of the same weights, whose logits equal the GGUF's bit
+//     for bit (same F32 weights, same kernels);
 //   - the bad GGUFs (MoE layers, expert_count, a missing key, a wrong kv_b shape) are refused
 //     naming the key or tensor.
 // Skips (naming the directory) when the fixtures are absent.
@@ -103,9 +105,9 @@ class MlaFixtures : public ::testing::Test {
 };
 
 TEST_F(MlaFixtures, ConfigIsTheFiles) {
-  for (const Fixture& f : fixtures_) {
-    SCOPED_TRACE(f.dir.filename().string());
-    const auto m = load(f.dir / "model.gguf");
+  for (const Fixture& f : fixtures_) for (const char* file : {"model.gguf", "hf"}) {
+    SCOPED_TRACE(f.dir.filename().string() + "/" + file);
+    const auto m = load(f.dir / file);
     const ModelConfig& c = m->config;
     EXPECT_EQ(c.arch, "deepseek2");
     EXPECT_TRUE(c.mla());
@@ -142,6 +144,16 @@ TEST_F(MlaFixtures, GgufMatchesTheNumpyReference) {
         expect_within(got, reference_logits(f.dir / "hf", seq, V, mode), logit_bound(*m, seq.size()),
                       f.dir.filename().string() + ", " + std::to_string(seq.size()) + " tokens, reference " + mode);
     }
+  }
+}
+
+TEST_F(MlaFixtures, HfDirectoryEqualsTheGguf) {
+  for (const Fixture& f : fixtures_) {
+    const auto gguf = load(f.dir / "model.gguf");
+    const auto hf = load(f.dir / "hf");
+    EXPECT_EQ(hf->format, "hf");
+    const auto& seq = f.sequences.back();
+    EXPECT_EQ(prefill_logits(*hf, seq), prefill_logits(*gguf, seq)) << f.dir.filename().string();
   }
 }
 

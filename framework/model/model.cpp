@@ -212,6 +212,16 @@ std::string hf_tensor_name(int layer, std::string_view part) {
   return str_cat("model.layers.", layer, ".", kParts.find(part)->second);
 }
 
+std::string hf_mla_tensor_name(int layer, std::string_view part) {
+  // HF modeling_deepseek.py's DeepseekV2Attention (convert_hf_to_gguf.py maps them to attn_q_a ...)
+  static const std::map<std::string, std::string, std::less<>> kParts = {
+      {"wq_a", "self_attn.q_a_proj.weight"},           {"q_a_norm", "self_attn.q_a_layernorm.weight"},
+      {"wq_b", "self_attn.q_b_proj.weight"},           {"wkv_a", "self_attn.kv_a_proj_with_mqa.weight"},
+      {"kv_a_norm", "self_attn.kv_a_layernorm.weight"}, {"wkv_b", "self_attn.kv_b_proj.weight"}};
+  if (auto it = kParts.find(part); it != kParts.end()) return str_cat("model.layers.", layer, ".", it->second);
+  return hf_tensor_name(layer, part);
+}
+
 std::string hf_gemma_tensor_name(int layer, std::string_view part) {
   // HF modeling_gemma2.py / modeling_gemma3.py: post_attention_layernorm is the norm of the
   // attention OUTPUT; the pre-FFN norm is pre_feedforward_layernorm.

@@ -6,7 +6,8 @@
 //     dense FFN layers only); tensors F32/F16/BF16/Q8_0 and the GGUF block types Q4_0 ... Q6_K (kernels/cpu/quant_blocks.h); hyper-parameters from the `<arch>.*` metadata;
 //     Llama-3 RoPE scaling from the `rope_freqs.weight` tensor.
 //   - A Hugging Face directory: config.json (LlamaForCausalLM, MistralForCausalLM,
-//     Qwen2ForCausalLM, Qwen3ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM) + model.safetensors or shards listed in model.safetensors.index.json;
+//     Qwen2ForCausalLM, Qwen3ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM,
+//     DeepseekV2ForCausalLM / DeepseekV3ForCausalLM with dense FFN layers) + model.safetensors or shards listed in model.safetensors.index.json;
 //     dtypes F32/F16/BF16.
 //   - llama2.c checkpoints (*.bin, legacy v0 layout: 7 int32 header, float32 weights; a negative
 //     vocab_size in the header means an unshared classifier; or a version 1 "ak42" export).

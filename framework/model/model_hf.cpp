@@ -9,8 +9,11 @@
 //     qwen2 always has q/k/v biases; qwen3 must be false), sliding_window (Mistral, informative).
 //   Gemma2ForCausalLM / Gemma3ForCausalLM: read_gemma() below; Gemma3ForConditionalGeneration
 //     (vision tower) is refused by name.
+//   DeepseekV2ForCausalLM / DeepseekV3ForCausalLM (MLA, dense FFN layers): read_mla() below,
+//     rope_scaling type yarn (factor, original_max_position_embeddings, beta_fast, beta_slow,
+//     mscale, mscale_all_dim); interleaved RoPE (see rope_style below).
 //   weights: model.safetensors, or shards named by model.safetensors.index.json's weight_map.
-// HF stores Q/K for rotate-half RoPE: rope_style = kNeox.
+// HF stores Q/K for rotate-half RoPE: rope_style = kNeox (DeepSeek: kInterleaved).
 #include <cmath>
 #include <fstream>
 #include <limits>
@@ -90,6 +93,30 @@ struct ConfigReader {
   }
 };
 
+// The DeepSeek-V2 / V3 attention keys (HF configuration_deepseek.py): kv_lora_rank, q_lora_rank
+// (null: one q_proj, V2-Lite), qk_nope_head_dim, qk_rope_head_dim, v_head_dim; the FFN is dense
+// in layers [0, first_k_dense_replace) and mixture-of-experts after (n_routed_experts experts),
+// which kvlab refuses. The cache and attention as the GGUF loader sets them (model_gguf.cpp):
+// one latent KV head of kv_lora_rank + qk_rope_head_dim, scores scaled by
+// 1/sqrt(qk_nope + qk_rope) times YaRN's mscale^2.
+void read_mla(const ConfigReader& r, ModelConfig& c) {
+  if (const json* e = r.find("n_routed_experts")) {
+    const int dense = r.get_int_or("first_k_dense_replace", 0);
+    if (dense < c.n_layers)
+      fail(r.file, ": mixture-of-experts layers are not supported (n_routed_experts = ", e->dump(),
+           ", first_k_dense_replace = ", dense, " of ", c.n_layers, " layers; MLA is supported with dense FFN layers only)");
+  }
+  c.kv_lora_rank = r.get_int("kv_lora_rank");
+  c.q_lora_rank = r.find("q_lora_rank") ? r.get_int("q_lora_rank") : 0;  // null: no q_lora
+  c.qk_nope_head_dim = r.get_int("qk_nope_head_dim");
+  c.qk_rope_head_dim = r.get_int("qk_rope_head_dim");
+  c.v_head_dim = r.get_int("v_head_dim");
+  c.n_kv_heads = 1;
+  c.head_dim = c.kv_lora_rank + c.qk_rope_head_dim;
+  c.query_scale = 1.f / std::sqrt(static_cast<float>(c.qk_nope_head_dim + c.qk_rope_head_dim));
+  c.query_scale *= static_cast<float>(std::pow(yarn_attention_mscale(c), 2));  // 1 without yarn
+}
+
 // The Gemma 2 / 3 keys (HF configuration_gemma2.py / configuration_gemma3.py and their defaults):
 // hidden_activation (or hidden_act) gelu_pytorch_tanh, query_pre_attn_scalar (256),
 // sliding_window (4096), layer_types ["sliding_attention" | "full_attention", ...] or else
@@ -162,22 +189,27 @@ void load_hf(Model& model, const std::filesystem::path& dir, const LoadOptions& 
   } else if (architecture == "Gemma3ForCausalLM") {
     c.arch = "gemma3";
     c.qk_norm = true;
+  } else if (architecture == "DeepseekV2ForCausalLM" || architecture == "DeepseekV3ForCausalLM") {
+    c.arch = "deepseek2";  // MLA attention (read_mla() below); dense FFN layers only
   } else if (architecture == "Gemma3ForConditionalGeneration") {
     fail(cp, ": Gemma3ForConditionalGeneration has a vision tower (SigLIP) and a multimodal projector, "
          "which kvlab does not run; convert its text_config part to a Gemma3ForCausalLM directory");
   } else {
     fail(cp, ": unsupported architecture '", architecture,
          "' (supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
-         "Gemma2ForCausalLM, Gemma3ForCausalLM)");
+         "Gemma2ForCausalLM, Gemma3ForCausalLM, DeepseekV2ForCausalLM, DeepseekV3ForCausalLM)");
   }
   const bool gemma = c.arch == "gemma2" || c.arch == "gemma3";
-  c.rope_style = RopeStyle::kNeox;
+  const bool mla = c.arch == "deepseek2";
+  // DeepSeek's modelling code reorders each RoPE part (2i, 2i+1) -> (i, i + d/2) before
+  // rotate-half: the interleaved rotation of the stored weights, as llama.cpp's deepseek2.
+  c.rope_style = mla ? RopeStyle::kInterleaved : RopeStyle::kNeox;
   c.dim = r.get_int("hidden_size");
   c.hidden_dim = r.get_int("intermediate_size");
   c.n_layers = r.get_int("num_hidden_layers");
   c.n_heads = r.get_int("num_attention_heads");
   c.n_kv_heads = r.get_int_or("num_key_value_heads", c.n_heads);
-  if (!r.find("head_dim") && c.dim % c.n_heads != 0) {
+  if (!mla && !r.find("head_dim") && c.dim % c.n_heads != 0) {
     fail(cp, ": hidden_size ", c.dim, " is not a multiple of num_attention_heads ", c.n_heads);
   }
   c.head_dim = r.get_int_or("head_dim", c.dim / c.n_heads);
@@ -227,8 +259,8 @@ void load_hf(Model& model, const std::filesystem::path& dir, const LoadOptions& 
       }
     }
     if (type == "default") type = "none";
-    if (type != "linear" && type != "llama3" && type != "none") {
-      fail(cp, ": unsupported rope_scaling type '", type, "' (supported: linear, llama3)");
+    if (type != "linear" && type != "llama3" && type != "none" && !(mla && type == "yarn")) {
+      fail(cp, ": unsupported rope_scaling type '", type, "' (supported: linear, llama3, and yarn for DeepSeek)");
     }
     RopeScaling& s = c.rope_scaling;
     s.type = type;
@@ -236,7 +268,14 @@ void load_hf(Model& model, const std::filesystem::path& dir, const LoadOptions& 
     s.low_freq_factor = r.get_float_or("low_freq_factor", 1.f, rs);
     s.high_freq_factor = r.get_float_or("high_freq_factor", 4.f, rs);
     s.original_max_position = r.get_int_or("original_max_position_embeddings", 8192, rs);
+    if (type == "yarn") {  // HF DeepseekV2YarnRotaryEmbedding's parameters and defaults
+      s.beta_fast = r.get_float_or("beta_fast", 32.f, rs);
+      s.beta_slow = r.get_float_or("beta_slow", 1.f, rs);
+      s.mscale = r.get_float_or("mscale", 1.f, rs);
+      s.mscale_all_dim = r.get_float_or("mscale_all_dim", 0.f, rs);
+    }
   }
+  if (mla) read_mla(r, c);
 
   // Weight files: one model.safetensors, or the shards of an index.
   std::vector<std::filesystem::path> files;
@@ -288,7 +327,9 @@ void load_hf(Model& model, const std::filesystem::path& dir, const LoadOptions& 
     fail(dir.string(), ": missing tensor 'lm_head.weight' (config.json has tie_word_embeddings = false)");
   }
   build_weights(model, table, TensorNames{"model.embed_tokens.weight", "model.norm.weight", "lm_head.weight",
-                                          gemma ? &hf_gemma_tensor_name : &hf_tensor_name},
+                                          gemma ? &hf_gemma_tensor_name
+                                          : mla ? &hf_mla_tensor_name
+                                                : &hf_tensor_name},
                 opts);
   if (gemma) {  // Gemma's RMSNorm multiplies by (1 + w), in float32 (modeling_gemma3.py Gemma3RMSNorm)
     auto plus_one = [](std::vector<float>& w) { for (float& x : w) x = 1.f + x; };

@@ -42,6 +42,7 @@ struct TensorNames {
 std::string gguf_tensor_name(int layer, std::string_view part);  // "blk.3.attn_q.weight", ...
 std::string hf_tensor_name(int layer, std::string_view part);    // "model.layers.3.self_attn.q_proj.weight"
 std::string hf_gemma_tensor_name(int layer, std::string_view part);  // Gemma 2/3's norm names
+std::string hf_mla_tensor_name(int layer, std::string_view part);    // DeepSeek-V2/V3's MLA names
 
 // Checks the config, then every tensor's shape, converts as LoadOptions asks, and fills
 // model.tok_embeddings / layers / final_norm / lm_head / stored_dtype. model.config must be set;
