@@ -312,7 +312,9 @@ inline void kv_decode_row(KvFormat format, const uint8_t* codes, int head_dim, f
 
 // Range of n values (x[i * stride], those with live[i] when live is given): s = (max - min) / L,
 // z = min, in float32; (s, z) = (0, 0) when nothing is live. Returns false when s overflows
-// (|x| near FLT_MAX).
+// (|x| near FLT_MAX). A zero max or min is taken as +0: fmax/fmin may return either zero of
+// -0 and +0 (C's fmin; GCC -march=native and clang -march=x86-64 builds chose differently),
+// so the stored s and z would otherwise depend on the compiler.
 inline bool kv_kivi_range(const float* x, int n, size_t stride, const uint8_t* live, int bits, float* s, float* z) {
   float mx = -INFINITY, mn = INFINITY;
   for (int i = 0; i < n; ++i) {
@@ -321,6 +323,8 @@ inline bool kv_kivi_range(const float* x, int n, size_t stride, const uint8_t* l
     mn = std::fmin(mn, x[i * stride]);
   }
   if (mx < mn) { *s = 0.f; *z = 0.f; return true; }
+  if (mx == 0.f) mx = 0.f;
+  if (mn == 0.f) mn = 0.f;
   *s = (mx - mn) / static_cast<float>((1 << bits) - 1);
   *z = mn;
   return std::isfinite(*s);

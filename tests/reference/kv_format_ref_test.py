@@ -99,6 +99,7 @@ def kivi_quant(x, bits):
     """x: float32 values of one group -> (s, z, codes, dequantised)."""
     L = F32(2 ** bits - 1)
     mx, mn = F32(np.max(x)), F32(np.min(x))
+    mx, mn = (F32(0) if mx == 0 else mx), (F32(0) if mn == 0 else mn)  # a zero max / min is +0 (kv_format.h)
     s, z = F32(mx - mn) / L, mn
     if s > 0:
         q = np.clip(np.rint((x - z).astype(F32) / s), 0, 2 ** bits - 1).astype(np.int64)
