@@ -27,6 +27,17 @@ std::unique_ptr<sentencepiece::SentencePieceProcessor> load_processor(const std:
     fail(source, ": sentencepiece rejected the model: ", e.what());
   }
   if (!status.ok()) fail(source, ": sentencepiece rejected the model: ", status.ToString());
+  // A model whose normalizer is corrupt loads but cannot encode (fuzz_spm_model: "all
+  // normalized characters are not consumed"): refused here, on printable ASCII, whitespace,
+  // multi-byte and invalid UTF-8, rather than at the first encode.
+  static const std::string kProbe = [] {
+    std::string t = "\t\n\r \xE4\xBD\xA0\xE5\xA5\xBD \xF0\x9F\x98\x80 caf\xC3\xA9 \xFF\xC3(x ";
+    for (char c = 0x21; c < 0x7f; ++c) t += c;
+    return t;
+  }();
+  std::vector<int> ids;
+  if (const auto probe = sp->Encode(kProbe, &ids); !probe.ok())
+    fail(source, ": sentencepiece cannot encode text with this model (corrupt normalizer?): ", probe.ToString());
   return sp;
 }
 
@@ -105,8 +116,8 @@ void SentencePieceTokenizer::encode_with(const sentencepiece::SentencePieceProce
                                          std::string_view text, std::vector<int32_t>& out) const {
   std::vector<int> ids;
   const auto status = sp.Encode(text, &ids);
-  // Encode only fails for an unloaded model, which the constructor rules out.
-  KVLAB_CHECK(status.ok(), source_, ": ", status.ToString());
+  // A loaded model encodes the constructor's probe; a corrupt one may still refuse some text.
+  if (!status.ok()) fail(source_, ": sentencepiece cannot encode the text: ", status.ToString());
   out.insert(out.end(), ids.begin(), ids.end());
 }
 
