@@ -4,8 +4,10 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "framework/core/error.h"
@@ -190,6 +192,27 @@ TEST(TokenizerLimits, SentencePieceLibraryExceptionBecomesAnErrorNamingTheFile) 
   v.scores.push_back(-1.f);
   v.types.push_back(SpmPieceType::kNormal);
   expect_error([&] { sentencepiece_from_vocab(v, "vocab.gguf", true); }, "vocab.gguf", "sentencepiece rejected the model");
+}
+
+// Issue 11, fuzz_spm_model's finding in CI's 30-second run (fuzz/README.md): the bundled model's
+// tokenizer.model with 21 bytes changed (the fuzzer's input is exactly this) loads in
+// libsentencepiece, whose normalizer then cannot encode ("all normalized characters are not
+// consumed"); encode threw from an internal check and the fuzz target terminated. Now refused at
+// load, naming the file; the intact model still loads.
+TEST(TokenizerLimits, SentencePieceModelThatCannotEncodeIsRefusedAtLoad) {
+  const fs::path bundled = fs::path(KVLAB_SOURCE_DIR) / "data/models/kvlab-tiny-hf/tokenizer.model";
+  std::ifstream in(bundled, std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), {});
+  ASSERT_EQ(bytes.size(), 30764u) << bundled;
+  ASSERT_NE(load_tokenizer(bundled), nullptr);
+  static const std::pair<size_t, unsigned char> kPatch[] = {
+      {20, 0x28},    {21, 0x78},    {34, 0xf0},    {35, 0x9f},    {36, 0x98},    {37, 0x80},    {7364, 0xc3},
+      {7365, 0x0a},  {7366, 0x12},  {7367, 0x65},  {9864, 0x81},  {9865, 0x70},  {9866, 0x69},  {9867, 0x6d},
+      {9868, 0x96},  {9869, 0x6c},  {9870, 0xe2},  {24737, 0x07}, {24738, 0xf4}, {25778, 0x28}, {25779, 0x00}};
+  for (const auto& [at, value] : kPatch) bytes[at] = static_cast<char>(value);
+  const fs::path model = temp_dir() / "tokenizer.model";
+  write_file(model, bytes);
+  expect_error([&] { load_tokenizer(model); }, model, "sentencepiece cannot encode text with this model");
 }
 
 // --- the round-trip contract of tokenizer.h, condition by condition ----------------------------
