@@ -66,6 +66,15 @@ ModelConfig gemma2_config(int window) {
   return c;
 }
 
+// Qwen3's: q/k RMSNorm per head before RoPE, head_dim 24 != 64 / 4, GQA 2, no bias.
+ModelConfig qwen3_config() {
+  ModelConfig c = tiny_llama_config(kVocab, /*max_seq_len=*/256, /*n_heads=*/4, /*n_kv_heads=*/2, /*head_dim=*/24);
+  c.arch = "qwen3";
+  c.qk_norm = true;
+  c.rope_style = RopeStyle::kNeox;
+  return c;
+}
+
 std::vector<float> run(const Model& m, std::unique_ptr<AttentionPolicy> policy, int n_prompt, int n_decode,
                        int chunk = 16, int block_size = 8) {
   EngineOptions o{.threads = 1, .block_size_tokens = block_size, .prefill_chunk_tokens = chunk};
@@ -131,13 +140,9 @@ TEST(EngineGemma, PrefillEqualsDecodeWithAShortWindow) {
 // EngineMla's (a page layout may change the order of fp32 sums; on this machine every case was
 // equal bit for bit).
 TEST(EngineFamilies, PagedEqualsContiguous) {
-  ModelConfig qwen3 = tiny_llama_config(kVocab, /*max_seq_len=*/256, /*n_heads=*/4, /*n_kv_heads=*/2, /*head_dim=*/24);
-  qwen3.arch = "qwen3";
-  qwen3.qk_norm = true;
-  qwen3.rope_style = RopeStyle::kNeox;
   const std::vector<std::pair<std::string, ModelConfig>> cases = {
       {"gemma3 w5", gemma3_config(5)}, {"gemma3 w60", gemma3_config(60)},
-      {"gemma2 w5", gemma2_config(5)}, {"gemma2 w60", gemma2_config(60)}, {"qwen3", qwen3}};
+      {"gemma2 w5", gemma2_config(5)}, {"gemma2 w60", gemma2_config(60)}, {"qwen3", qwen3_config()}};
   for (const auto& [what, c] : cases) {
     SCOPED_TRACE(what);
     auto m = make_random_model(c, DType::kF32, 19);
@@ -151,15 +156,16 @@ TEST(EngineFamilies, PagedEqualsContiguous) {
   }
 }
 
-TEST(EngineGemma, EveryPolicyUnlimitedEqualsFull) {
+TEST(EngineGemma, EveryPolicyUnlimitedEqualsFull) {  // and Qwen3's q/k-normed keys
   PolicyRegistry registry = make_builtin_registry();
-  for (bool g2 : {false, true}) {
-    const ModelConfig c = g2 ? gemma2_config(6) : gemma3_config(6);
+  const std::vector<std::pair<std::string, ModelConfig>> cases = {
+      {"gemma3", gemma3_config(6)}, {"gemma2", gemma2_config(6)}, {"qwen3", qwen3_config()}};
+  for (const auto& [what, c] : cases) {
     auto m = make_random_model(c, DType::kF32, 13);
     const auto full = run(*m, nullptr, 30, 20);
     const double bound = 2 * logit_bound(*m, 50);  // explicit selections sum in another order
     for (const std::string& name : registry.names()) {
-      SCOPED_TRACE(std::string(g2 ? "gemma2 " : "gemma3 ") + name);
+      SCOPED_TRACE(what + " " + name);
       const auto params = registry.at(name).unlimited_params();
       if (!params) continue;
       const float d = max_abs_diff(run(*m, registry.create(name, *params, policy_shape(c)), 30, 20), full);
