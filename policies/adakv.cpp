@@ -38,6 +38,7 @@ std::unique_ptr<PolicyFactory> make_adakv_factory() {
         ScorerPlan plan = uniform_plan(b.compression_ratio, b.budget_tokens, 0,
                                        e.protected_recent(p), !every);
         plan.across_heads = true;
+        plan.global_layers_only = budget_global_layers_only(p);
         plan.alpha = p.get_float("alpha");
         plan.n_kv_heads = shape.n_kv_heads;
         return make_scorer_policy(e.make(p, every), std::move(plan));

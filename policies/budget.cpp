@@ -37,6 +37,14 @@ ParamSpecs budget_param_specs(double default_ratio) {
   };
 }
 
+ParamSpec budget_layers_param_spec() {
+  return {"budget_layers", ParamType::kString, std::string("all"),
+          "layers the budget applies to: all, or global (a model's sliding-window layers keep their window)",
+          std::nullopt, std::nullopt, {"all", "global"}};
+}
+
+bool budget_global_layers_only(const ParamValues& p) { return p.get_string("budget_layers") == "global"; }
+
 ParamSpecs with_budget_params(ParamSpecs specs, double default_ratio) {
   for (ParamSpec& s : budget_param_specs(default_ratio)) specs.push_back(std::move(s));
   return specs;

@@ -29,6 +29,16 @@ struct TokenBudget {
   static TokenBudget from_params(const ParamValues& p);
 };
 
+// Per layer kind (Gemma 2/3's local sliding-window layers, LayerStep::sliding_window > 0, beside
+// its global ones): `budget_layers` says which layers the budget above applies to. "all" (the
+// default): every layer, a local one keeping min(its window, the budget). "global": global layers
+// only; a local layer keeps what the model's window leaves it, as under `full` (the engine evicts
+// what falls out of the window). On a model without local layers the two are the same.
+// Only the policies that declare it take it (README.md, "Budgets per layer kind").
+ParamSpec budget_layers_param_spec();
+// p's budget_layers is "global".
+bool budget_global_layers_only(const ParamValues& p);
+
 // {compression_ratio (float in [0, 1), default `default_ratio`), budget_tokens (int >= 0,
 // default 0 = unset)}. Append them to a policy's own specs.
 ParamSpecs budget_param_specs(double default_ratio = 0.0);

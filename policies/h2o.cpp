@@ -100,11 +100,16 @@ std::unique_ptr<PolicyFactory> make_h2o_factory() {
   d.keep = 0.1;
   d.units = "ratio";
   ParamSpecs specs = scorer_param_specs(d);
+  specs.push_back(budget_layers_param_spec());
   return std::make_unique<SimplePolicyFactory>(
       "h2o", "heavy hitters (accumulated attention mass) + recent tokens, evicted after each step",
       with_budget_params(std::move(specs)), [d](const ParamValues& p, const PolicyModelShape&) -> std::unique_ptr<AttentionPolicy> {
         const TokenBudget b = TokenBudget::from_params(p);
-        if (!b.limited()) return std::make_unique<H2oPolicy>(ScorerBudget::from_params(p, "heavy"));
+        if (!b.limited()) {
+          ScorerBudget first = ScorerBudget::from_params(p, "heavy");
+          first.global_layers_only = budget_global_layers_only(p);
+          return std::make_unique<H2oPolicy>(first);
+        }
         // The one convention (POLICIES.md 9): kept(n_seen) tokens in all, sinks inside, the
         // rest split evenly between recent and heavy (the paper's 10% + 10% default is even).
         if (p.get_float("heavy") != d.keep || p.get_float("recent") != d.recent || p.get_string("units") != d.units)
@@ -113,6 +118,7 @@ std::unique_ptr<PolicyFactory> make_h2o_factory() {
                ") or use them instead");
         const int64_t sinks = p.get_int("sinks");
         ScorerPlan plan;
+        plan.global_layers_only = budget_global_layers_only(p);
         plan.retention = [b, sinks](int, int64_t n) {
           Retention r;
           r.total = b.kept(n);

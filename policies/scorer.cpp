@@ -73,8 +73,10 @@ ParamSpecs scorer_param_specs(const ScorerDefaults& d) {
   };
 }
 
-ScorerPolicy::ScorerPolicy(const ScorerBudget& budget) : first_form_(true), budget_(budget) {}
-ScorerPolicy::ScorerPolicy(ScorerPlan plan) : first_form_(false), plan_(std::move(plan)) {
+ScorerPolicy::ScorerPolicy(const ScorerBudget& budget)
+    : first_form_(true), budget_(budget), global_layers_only_(budget.global_layers_only) {}
+ScorerPolicy::ScorerPolicy(ScorerPlan plan)
+    : first_form_(false), plan_(std::move(plan)), global_layers_only_(plan_.global_layers_only) {
   KVLAB_CHECK(plan_.retention != nullptr);
 }
 
@@ -101,6 +103,7 @@ Retention ScorerPolicy::retention(int layer, int64_t n_seen) const {
 }
 
 int64_t ScorerPolicy::budget_tokens(int layer, int64_t n_seen) const {
+  if (global_layers_only_ && layer >= 0 && size_t(layer) < local_layer_.size() && local_layer_[layer]) return -1;
   int64_t n = n_seen;
   if (!first_form_ && plan_.at_prompt_end) {
     if (prompt_tokens_ < 0 || n_seen < prompt_tokens_) return -1;
@@ -125,6 +128,11 @@ void ScorerPolicy::after_attention(const LayerStep& step, const StepStats& stats
   if (!first_form_ && plan_.at_prompt_end) {
     if (!step.prompt_end) return;
     if (step.layer == 0) prompt_tokens_ = n_seen;
+  }
+  if (global_layers_only_ && step.sliding_window > 0) {  // a local layer: its window only
+    if (local_layer_.size() <= size_t(step.layer)) local_layer_.resize(size_t(step.layer) + 1, 0);
+    local_layer_[step.layer] = 1;
+    return;
   }
   const Retention r = retention(step.layer, n_seen);
   if (r.total < 0) return;

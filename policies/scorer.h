@@ -45,6 +45,7 @@ struct ScorerBudget {
   double recent = 0;   // most recent tokens always kept (tokens, or ratio of n_seen)
   double keep = 0;     // best-scored tokens kept among the rest (tokens, or ratio of n_seen)
   bool ratio = false;  // recent / keep are ratios of the tokens seen so far
+  bool global_layers_only = false;  // budget_layers: global (budget.h); not read by from_params
 
   int64_t recent_tokens(int64_t n_seen) const;
   int64_t keep_tokens(int64_t n_seen) const;
@@ -83,6 +84,9 @@ struct ScorerPlan {
   bool across_heads = false;   // AdaKV allocation across the layer's KV heads
   double alpha = 0.2;          // across_heads: the safeguard fraction
   int n_kv_heads = 1;          // across_heads: the model's (bounds budget_tokens)
+  // budget_layers: global (budget.h): a local (sliding-window) layer is never compressed; it
+  // keeps what the model's window leaves it.
+  bool global_layers_only = false;
 };
 
 // The scores of a method, without any budget.
@@ -129,7 +133,8 @@ class ScorerPolicy : public AttentionPolicy {
   // Most tokens one KV head holds after a step that brought the sequence to n_seen: the
   // retention's total (across_heads: what one head can take when the others keep only their
   // safeguard); for at_prompt_end plans -1 until the prompt end, then the prompt's retention
-  // plus the tokens appended since.
+  // plus the tokens appended since. With global_layers_only, -1 on a layer seen to be local (as
+  // full attention: the model's window, not the policy, bounds it).
   int64_t budget_tokens(int layer, int64_t n_seen) const override;
   void reset() override;
 
@@ -151,6 +156,10 @@ class ScorerPolicy : public AttentionPolicy {
   bool first_form_;
   ScorerBudget budget_;
   ScorerPlan plan_;
+  bool global_layers_only_ = false;
+  // [layer]: 1 once a step showed the layer local (LayerStep::sliding_window > 0). A property of
+  // the model, so reset() keeps it.
+  std::vector<char> local_layer_;
   int64_t prompt_tokens_ = -1;  // at_prompt_end: tokens seen at the prompt end; -1 before
   // Scratch reused across steps (not state: overwritten every call).
   std::vector<int32_t> slots_;

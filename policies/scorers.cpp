@@ -32,13 +32,14 @@ std::unique_ptr<AttentionPolicy> make_uniform_scorer_policy(const ScorerEntry& e
                                                             const ParamValues& p) {
   const TokenBudget b = TokenBudget::from_params(p);
   const bool every = compresses_every_step(p);
-  return make_scorer_policy(entry.make(p, every),
-                            uniform_plan(b.compression_ratio, b.budget_tokens, 0,
-                                         entry.protected_recent(p), !every));
+  ScorerPlan plan = uniform_plan(b.compression_ratio, b.budget_tokens, 0, entry.protected_recent(p), !every);
+  plan.global_layers_only = budget_global_layers_only(p);
+  return make_scorer_policy(entry.make(p, every), std::move(plan));
 }
 
 ParamSpecs with_budget(ParamSpecs specs, const std::string& compress_default) {
   specs = with_budget_params(std::move(specs));
+  specs.push_back(budget_layers_param_spec());
   specs.push_back(compress_param_spec(compress_default));
   return specs;
 }

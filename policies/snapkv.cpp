@@ -133,6 +133,7 @@ std::unique_ptr<PolicyFactory> make_pyramidkv_factory() {
         const int n_layers = shape.n_layers;
         ScorerPlan plan;
         plan.at_prompt_end = !every;
+        plan.global_layers_only = budget_global_layers_only(p);
         plan.retention = [b, window, beta, n_layers](int layer, int64_t n) {
           Retention r;
           r.recent = window;

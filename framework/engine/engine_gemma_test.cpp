@@ -7,7 +7,9 @@
 //   - chunked prefill == token-by-token decode with a window shorter than the sequence;
 //   - every built-in policy with its unlimited parameters == no policy (the model's window
 //     composes with the policy's selections and evictions);
-//   - a policy sees each layer's kind (LayerStep::sliding_window);
+//   - paged == contiguous (with Qwen3's q/k norm too), windows shorter and longer than the sequence;
+//   - a policy sees each layer's kind (LayerStep::sliding_window), and the scorer family's
+//     budget_layers budgets per kind (global layers only, or all);
 //   - a local layer keeps only its window in the store (W - 1 tokens between steps), alone and
 //     under a policy's own budget;
 //   - the probe's dense reference is the model's: full attention reads everything it allows
@@ -16,6 +18,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
+#include <map>
 
 #include "framework/core/error.h"
 #include "framework/engine/engine.h"
@@ -62,9 +66,18 @@ ModelConfig gemma2_config(int window) {
   return c;
 }
 
+// Qwen3's: q/k RMSNorm per head before RoPE, head_dim 24 != 64 / 4, GQA 2, no bias.
+ModelConfig qwen3_config() {
+  ModelConfig c = tiny_llama_config(kVocab, /*max_seq_len=*/256, /*n_heads=*/4, /*n_kv_heads=*/2, /*head_dim=*/24);
+  c.arch = "qwen3";
+  c.qk_norm = true;
+  c.rope_style = RopeStyle::kNeox;
+  return c;
+}
+
 std::vector<float> run(const Model& m, std::unique_ptr<AttentionPolicy> policy, int n_prompt, int n_decode,
-                       int chunk = 16) {
-  EngineOptions o{.threads = 1, .block_size_tokens = 8, .prefill_chunk_tokens = chunk};
+                       int chunk = 16, int block_size = 8) {
+  EngineOptions o{.threads = 1, .block_size_tokens = block_size, .prefill_chunk_tokens = chunk};
   Engine e(m, o);
   const auto tokens = random_tokens(n_prompt + n_decode, kVocab, 7);
   SeqId s = e.start_sequence(std::move(policy));
@@ -121,15 +134,38 @@ TEST(EngineGemma, PrefillEqualsDecodeWithAShortWindow) {
   }
 }
 
-TEST(EngineGemma, EveryPolicyUnlimitedEqualsFull) {
+// Paged == contiguous for the families' own attention paths: Gemma 3 and Gemma 2 with a window
+// shorter (5) and longer (60) than the 45 tokens, and Qwen3 (q/k norm, head_dim 24 != 64 / 4,
+// GQA 2), pages of 1, 3 and 16 tokens against one page per layer, within 2 logit_bound(), as
+// EngineMla's (a page layout may change the order of fp32 sums; on this machine every case was
+// equal bit for bit).
+TEST(EngineFamilies, PagedEqualsContiguous) {
+  const std::vector<std::pair<std::string, ModelConfig>> cases = {
+      {"gemma3 w5", gemma3_config(5)}, {"gemma3 w60", gemma3_config(60)},
+      {"gemma2 w5", gemma2_config(5)}, {"gemma2 w60", gemma2_config(60)}, {"qwen3", qwen3_config()}};
+  for (const auto& [what, c] : cases) {
+    SCOPED_TRACE(what);
+    auto m = make_random_model(c, DType::kF32, 19);
+    const double two = 2 * logit_bound(*m, 45);
+    const auto contiguous = run(*m, nullptr, 20, 25, 16, /*block_size=*/256);
+    for (int bs : {1, 3, 16}) {
+      const float d = max_abs_diff(run(*m, nullptr, 20, 25, 16, bs), contiguous);
+      EXPECT_LE(d, two) << "block " << bs;
+      std::printf("  %s block %d: max |diff| %.3g, bound %.3g\n", what.c_str(), bs, d, two);
+    }
+  }
+}
+
+TEST(EngineGemma, EveryPolicyUnlimitedEqualsFull) {  // and Qwen3's q/k-normed keys
   PolicyRegistry registry = make_builtin_registry();
-  for (bool g2 : {false, true}) {
-    const ModelConfig c = g2 ? gemma2_config(6) : gemma3_config(6);
+  const std::vector<std::pair<std::string, ModelConfig>> cases = {
+      {"gemma3", gemma3_config(6)}, {"gemma2", gemma2_config(6)}, {"qwen3", qwen3_config()}};
+  for (const auto& [what, c] : cases) {
     auto m = make_random_model(c, DType::kF32, 13);
     const auto full = run(*m, nullptr, 30, 20);
     const double bound = 2 * logit_bound(*m, 50);  // explicit selections sum in another order
     for (const std::string& name : registry.names()) {
-      SCOPED_TRACE(std::string(g2 ? "gemma2 " : "gemma3 ") + name);
+      SCOPED_TRACE(what + " " + name);
       const auto params = registry.at(name).unlimited_params();
       if (!params) continue;
       const float d = max_abs_diff(run(*m, registry.create(name, *params, policy_shape(c)), 30, 20), full);
@@ -200,6 +236,74 @@ TEST(EngineGemma, LocalLayersKeepOnlyTheirWindow) {
   const Resident h2o = resident(*m, registry.create("h2o", {{"budget_tokens", ParamValue(int64_t(10))}}, policy_shape(c)),
                                 kPrompt, kDecode);
   EXPECT_EQ(h2o.at_prompt_end, (std::vector<int64_t>{4, 4, 4, 4, 10, 10, 4, 4}));
+}
+
+// budget_layers (policies/budget.h): "all" budgets every layer; "global" budgets the global
+// layers only, each local layer keeping its window as under full. Every built-in that declares
+// the parameter (the scorer family) with budget_tokens 2, below the window's W - 1 = 4 tokens
+// between steps: with "global" a local layer holds exactly W - 1 tokens per KV head (its bytes
+// those of the window) and a global layer what it holds with "all" (the same budget there); with
+// "all" a local layer holds fewer bytes than its window (the budget cuts it, and the window may
+// cut the kept set further; AdaKV and PyramidKV move the budget across heads and layers, so only
+// the layer's total is bounded). Unlimited, "global" equals "all" bit for bit and full within
+// the bound of EveryPolicyUnlimitedEqualsFull (bit for bit for the policies that are bit for bit
+// with "all": the parameter adds no computation).
+TEST(EngineGemma, BudgetPerLayerKind) {
+  constexpr int kWindow = 5, kPrompt = 40, kDecode = 20;
+  PolicyRegistry registry = make_builtin_registry();
+  int checked = 0;
+  for (bool g2 : {false, true}) {
+    const ModelConfig c = g2 ? gemma2_config(kWindow) : gemma3_config(kWindow);
+    auto m = make_random_model(c, DType::kF32, 17);
+    const auto full = run(*m, nullptr, 30, 20);
+    const double bound = 2 * logit_bound(*m, 50);
+    const int nkv = c.n_kv_heads;
+    const int64_t bytes_per_token_head = 2 * int64_t(c.head_dim) * sizeof(float);  // K and V rows, f32 store
+    for (const std::string& name : registry.names()) {
+      const PolicyFactory& f = registry.at(name);
+      bool declares = false;
+      for (const ParamSpec& spec : f.params()) declares |= spec.name == "budget_layers";
+      if (!declares) continue;
+      SCOPED_TRACE(std::string(g2 ? "gemma2 " : "gemma3 ") + name);
+      ++checked;
+      std::map<std::string, std::vector<int64_t>> layer_bytes;  // budget_layers -> [layer] resident bytes
+      for (const std::string layers : {"all", "global"}) {
+        const std::map<std::string, ParamValue> params = {{"budget_tokens", ParamValue(int64_t(2))},
+                                                          {"budget_layers", ParamValue(layers)}};
+        const Resident r = resident(*m, registry.create(name, params, policy_shape(c)), kPrompt, kDecode);
+        ASSERT_EQ(r.at_prompt_end.size(), size_t(c.n_layers * nkv));
+        auto& bytes = layer_bytes[layers];
+        bytes.assign(c.n_layers, 0);
+        for (int l = 0; l < c.n_layers; ++l)
+          for (int h = 0; h < nkv; ++h) {
+            bytes[l] += r.at_prompt_end[l * nkv + h] * bytes_per_token_head;
+            if (layers == "global" && layer_window(c, l) > 0)
+              EXPECT_EQ(r.at_prompt_end[l * nkv + h], kWindow - 1) << "local layer " << l << ", KV head " << h;
+          }
+      }
+      const int64_t window_bytes = (kWindow - 1) * nkv * bytes_per_token_head;
+      for (int l = 0; l < c.n_layers; ++l) {
+        SCOPED_TRACE("layer " + std::to_string(l));
+        if (layer_window(c, l) > 0) {
+          EXPECT_EQ(layer_bytes["global"][l], window_bytes);
+          EXPECT_LT(layer_bytes["all"][l], window_bytes);
+        } else {
+          EXPECT_EQ(layer_bytes["global"][l], layer_bytes["all"][l]);
+          EXPECT_LE(layer_bytes["global"][l], 2 * 2 * nkv * bytes_per_token_head);  // a budget, not the 40 tokens
+        }
+      }
+      auto unlimited = f.unlimited_params();
+      ASSERT_TRUE(unlimited.has_value());
+      const auto all = run(*m, registry.create(name, *unlimited, policy_shape(c)), 30, 20);
+      (*unlimited)["budget_layers"] = ParamValue(std::string("global"));
+      const auto global = run(*m, registry.create(name, *unlimited, policy_shape(c)), 30, 20);
+      EXPECT_EQ(max_abs_diff(global, all), 0.f);
+      EXPECT_LE(max_abs_diff(global, full), bound);
+      std::printf("  %s %s unlimited, budget_layers global: max |diff| to full %.3g\n", g2 ? "gemma2" : "gemma3",
+                  name.c_str(), max_abs_diff(global, full));
+    }
+  }
+  EXPECT_EQ(checked, 2 * 7);  // h2o, snapkv, pyramidkv, adakv, tova, knorm, random
 }
 
 TEST(EngineGemma, ProbeReferenceIsTheWindowedModel) {

@@ -8,6 +8,11 @@
 //   - the loaded config is the file's (ranks, head dims, one latent KV head, YaRN's scale), from
 //     the GGUF and from the HF directory of the same weights, whose logits equal the GGUF's bit
 //     for bit (same F32 weights, same kernels);
+//   - every other format of the family: the F16 and BF16 GGUFs and HF directories (the weights
+//     rounded once, the reference reading those rounded values from hf-f16/ and hf-bf16/) equal
+//     the reference within logit_bound(), and each GGUF equals its HF directory within two bounds;
+//     the Q8_0 GGUF equals the F32 HF directory quantised to q8_0 at load within two bounds (the
+//     other families' check: the quantisation itself is not a rounding logit_bound models);
 //   - the bad GGUFs (MoE layers, expert_count, a missing key, a wrong kv_b shape) are refused
 //     naming the key or tensor.
 // Skips (naming the directory) when the fixtures are absent.
@@ -44,9 +49,10 @@ fs::path source_root() {
   return KVLAB_SOURCE_DIR;
 }
 
-std::unique_ptr<Model> load(const fs::path& path) {
+std::unique_ptr<Model> load(const fs::path& path, const std::string& dtype = "keep") {
   LoadOptions o;
   o.load_tokenizer = false;
+  o.weight_dtype = dtype;
   return load_model(path, o);
 }
 
@@ -145,6 +151,41 @@ TEST_F(MlaFixtures, GgufMatchesTheNumpyReference) {
                       f.dir.filename().string() + ", " + std::to_string(seq.size()) + " tokens, reference " + mode);
     }
   }
+}
+
+// F16 and BF16: one fp32 pass over the rounded weights against the float64 reference over the
+// same rounded weights, so logit_bound() (fp32 rounding only) is the tolerance, as for the F32
+// files and the other families' hf-bf16 directories; GGUF vs HF of the same rounded weights: two
+// passes (the HF loader and the GGUF loader may lay the matrices out differently), two bounds.
+TEST_F(MlaFixtures, EveryFormatMatchesTheNumpyReference) {
+  int q8_files = 0;
+  for (const Fixture& f : fixtures_) {
+    const auto& files = f.meta["files"];
+    const auto& seq = f.sequences.back();
+    const std::string name = f.dir.filename().string();
+    for (const char* low : {"f16", "bf16"}) {
+      ASSERT_TRUE(files.contains(std::string("gguf_") + low) && files.contains(std::string("hf_") + low)) << name;
+      const fs::path hf_dir = f.dir / files[std::string("hf_") + low].get<std::string>();
+      const auto gguf = load(f.dir / files[std::string("gguf_") + low].get<std::string>());
+      const auto hf = load(hf_dir);
+      EXPECT_EQ(gguf->stored_dtype, low) << name;
+      EXPECT_EQ(hf->stored_dtype, low) << name;
+      const int V = gguf->config.vocab_size;
+      const auto ref = reference_logits(hf_dir, seq, V, "decompressed");
+      const auto got = prefill_logits(*gguf, seq);
+      expect_within(got, ref, logit_bound(*gguf, seq.size()), name + " gguf " + low + " vs reference");
+      const auto got_hf = prefill_logits(*hf, seq);
+      expect_within(got_hf, ref, logit_bound(*hf, seq.size()), name + " hf " + low + " vs reference");
+      expect_within(got_hf, got, 2 * logit_bound(*hf, seq.size()), name + " hf " + low + " vs gguf " + low);
+    }
+    if (!files.contains("gguf_q8_0")) continue;  // a matrix row not a multiple of 32 values
+    ++q8_files;
+    const auto stored = load(f.dir / files["gguf_q8_0"].get<std::string>());
+    const auto converted = load(f.dir / files["hf"].get<std::string>(), "q8_0");
+    expect_within(prefill_logits(*stored, seq), prefill_logits(*converted, seq),
+                  2 * logit_bound(*converted, seq.size()), name + " gguf q8_0 vs hf quantised at load");
+  }
+  EXPECT_GE(q8_files, 1) << "no MLA fixture has a Q8_0 file";
 }
 
 TEST_F(MlaFixtures, HfDirectoryEqualsTheGguf) {

@@ -205,7 +205,12 @@ std::string cell_identity(const ExperimentSpec& spec, const RunSpec& run,
   line("engine.max_tokens", spec.engine.max_tokens);
   line("run", run.name);
   line("policy.type", run.type);
-  for (const auto& [k, v] : effective_params) line("policy." + k, to_string(v));
+  for (const auto& [k, v] : effective_params) {
+    // budget_layers (policies/budget.h) "all", its default: the identity of before the parameter
+    // existed, so results written before it resume
+    if (k == "budget_layers" && to_string(v) == "all") continue;
+    line("policy." + k, to_string(v));
+  }
   line("seeds", ints(spec.seeds));
   line("cell", cell.id);
   id += spec.evals[cell.eval]->identity(cell.eval_cell, digest);

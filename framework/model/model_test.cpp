@@ -34,7 +34,8 @@ const std::vector<std::string> kFixtures = {
     "llama3_rope_hd32_gqa4",       "qwen3_hd64_gqa2_qknorm_untied",
     "gemma3_hd64_gqa2_w5",
     "gemma3_hd32_gqa1_w128_linear",
-    "gemma2_hd32_gqa4_w4_softcap"};
+    "gemma2_hd32_gqa4_w4_softcap",
+    "qwen3_hd32_gqa4_qknorm_tied"};
 
 // Rotate-half row order -> interleaved row order, per head of head_dim rows:
 // interleaved row 2i + j == rotate-half row j * head_dim/2 + i.
