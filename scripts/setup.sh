@@ -13,6 +13,7 @@ packages=(
   libboost-program-options-dev   # command line
   libyaml-cpp-dev                # experiment files
   libhdf5-dev                    # results files
+  zlib1g-dev                     # inflating string datasets' chunks to check them
   libsentencepiece-dev           # SentencePiece tokenizers
   libpcre2-dev                   # byte-level BPE pre-tokenizer regex
   libicu-dev                     # NFC normalizer of byte-level BPE tokenizers (Qwen2)

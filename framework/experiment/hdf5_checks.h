@@ -32,4 +32,9 @@ void check_global_heaps(const std::filesystem::path& path);
 // libhdf5 writes by default, and kvlab), others are refused.
 void check_string_attributes(hid_t attr, const std::string& what);
 
+// The same for the variable-length strings of dataset `dset`, read from its chunks' stored bytes
+// through the filters kvlab writes (shuffle, deflate); a string dataset stored otherwise (not
+// chunked, other filters) is refused, as kvlab writes none. Call before reading its strings.
+void check_string_dataset(hid_t dset, const std::string& what);
+
 }  // namespace kvlab::hdf5

@@ -246,6 +246,7 @@ Dataset read_dataset(const H5::DataSet& in) {
   const H5T_class_t cls = in.getTypeClass();
   if (cls == H5T_STRING) {
     check_string_type(in.getId(), in.getStrType().getId(), "dataset '" + in.getObjName() + "'");
+    hdf5::check_string_dataset(in.getId(), "dataset '" + in.getObjName() + "'");
     H5::StrType t = vlen_string_type();
     std::vector<char*> ptrs(n, nullptr);
     // The strings HDF5 allocated are freed however this ends: a read failing part-way has

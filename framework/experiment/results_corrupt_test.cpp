@@ -9,8 +9,11 @@
 #include <fstream>
 #include <functional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "framework/core/error.h"
+#include "framework/experiment/hdf5_checks.h"
 #include "framework/experiment/results.h"
 #include "framework/experiment/results_test_util.h"
 
@@ -79,7 +82,8 @@ TEST(Results, CorruptGlobalHeapIsRefusedBeforeHdf5ReadsIt) {
 // heap each claim more bytes than the file holds; each is refused by name before libhdf5 opens
 // the file, and the intact file opens. Also (LeakSanitizer, 56 bytes from H5FL_blk_malloc at
 // H5Fopen): a continuation message whose size says 0 bytes, which libhdf5 decodes anyway and
-// then leaks the chunk it was reading.
+// then leaks the chunk it was reading; and (the same leak, from H5C_load_entry) a continuation
+// whose chunk length is 0.
 TEST(Results, CorruptObjectHeaderOrHeapIsRefusedBeforeHdf5OpensIt) {
   const fs::path path = temp_path("ohdr.h5");
   { ResultsFile::create(path, {{"name", std::string("a string attribute")}, {"count", int64_t(3)}}); }
@@ -114,6 +118,7 @@ TEST(Results, CorruptObjectHeaderOrHeapIsRefusedBeforeHdf5OpensIt) {
   const uint64_t huge = uint64_t(1) << 62;
   const uint32_t huge32 = 0xfffffff0u;
   const uint16_t zero = 0;
+  const uint64_t zero64 = 0;
   const std::string past_the_end = "past the end of the " + std::to_string(bytes.size()) + "-byte file";
   struct Corruption {
     size_t at;
@@ -130,6 +135,10 @@ TEST(Results, CorruptObjectHeaderOrHeapIsRefusedBeforeHdf5OpensIt) {
       {continuation - 6, &zero, 2,
        "the object header at byte " + std::to_string(root) + " has a message of type 16 and 0 bytes at byte " +
            std::to_string(continuation - 8),
+       "which libhdf5 does not write"},
+      {continuation + 8, &zero64, 8,
+       "the object header at byte " + std::to_string(root) + " has a chunk of 0 bytes at byte " +
+           std::to_string(u64(continuation)),
        "which libhdf5 does not write"},
   };
   for (const Corruption& c : cases) {
@@ -180,6 +189,204 @@ TEST(Results, DatasetChunkPastTheFileIsRefusedBeforeHdf5ReadsIt) {
                                          " claims 4294967280 bytes, past the end of the " +
                                          std::to_string(bytes.size()) + "-byte file"),
               std::string::npos)
+        << e.what();
+  }
+  fs::remove_all(path.parent_path());
+}
+
+// fuzz_results (ASan heap-buffer-overflow in H5VM_memcpyvv under H5Dread): a deflated dataset
+// whose filter pipeline message the fuzzer had broken; libhdf5 1.10.8 reads an unfiltered chunk's
+// stored bytes (its B-tree key: 20-odd deflated bytes) into a buffer of that size, then copies a
+// whole chunk (2 x 3 floats, 24 bytes) out of it. Rebuilt here: a chunked, unfiltered 2 x 3 float
+// dataset (what kvlab writes for `attention_recall_per_layer`) whose chunk key says 20 bytes.
+TEST(Results, UnfilteredChunkOfTheWrongSizeIsRefusedBeforeHdf5ReadsIt) {
+  const fs::path path = temp_path("unfiltered.h5");
+  {
+    H5::H5File file(path.string(), H5F_ACC_TRUNC);
+    const hsize_t dims[2] = {2, 3};
+    H5::DSetCreatPropList plist;
+    plist.setChunk(2, dims);
+    const float values[6] = {1, 2, 3, 4, 5, 6};
+    file.createDataSet("recall", H5::PredType::NATIVE_FLOAT, H5::DataSpace(2, dims), plist)
+        .write(values, H5::PredType::NATIVE_FLOAT);
+  }
+  std::string bytes = file_bytes(path);
+  // The chunk B-tree node ("TREE", type 1, level 0, u16 entries, two 8-byte siblings; the root
+  // group's B-tree is type 0), then key 0 {u32 chunk bytes, u32 filter mask, 3 u64 offsets: 2
+  // dimensions and the element's}, child 0.
+  size_t tree = bytes.find("TREE");
+  while (tree != std::string::npos && bytes[tree + 4] != 1) tree = bytes.find("TREE", tree + 4);
+  ASSERT_NE(tree, std::string::npos) << "no chunk B-tree node in a file with a chunked dataset";
+  ASSERT_EQ(bytes[tree + 5], 0);
+  const size_t key = tree + 24;
+  uint32_t stored = 0;
+  uint64_t chunk = 0;
+  std::memcpy(&stored, &bytes[key], 4);
+  std::memcpy(&chunk, &bytes[key + 32], 8);
+  ASSERT_EQ(stored, 24u);                   // the intact key: 2 x 3 floats
+  EXPECT_NO_THROW(hdf5::check_object_headers(path));  // and the intact file passes the checks
+  const uint32_t shorter = 20;
+  std::memcpy(&bytes[key], &shorter, 4);
+  write_file_bytes(path, bytes);
+  try {
+    ResultsFile::open(path);
+    ADD_FAILURE() << "an unfiltered chunk of 20 bytes where 24 are read was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(path.string() + ": a dataset chunk at byte " + std::to_string(chunk) +
+                                         " holds 20 bytes where its unfiltered dataset's chunks hold 24"),
+              std::string::npos)
+        << e.what();
+  }
+  fs::remove_all(path.parent_path());
+}
+
+// fuzz_results (LeakSanitizer, 128 bytes under H5Dopen2 -> H5D__layout_oh_read): a cell dataset's
+// data layout message said version 0; libhdf5 1.10.8 had decoded the deflate pipeline before it
+// and returns without freeing it. Rebuilt from a file kvlab writes (the cell's 1-D, deflated
+// datasets): a layout of version 0, a chunk size of 0 (what fails H5D__chunk_init after the chunk
+// cache is allocated), chunks of rank 2 for a rank-1 dataset and (a later finding, the same leak)
+// a dataset whose layout message became a null message are refused before libhdf5 opens the
+// dataset; the intact file reads.
+TEST(Results, DataLayoutLibhdf5DoesNotWriteIsRefused) {
+  const fs::path path = temp_path("layout.h5");
+  { ResultsFile::create(path, {}).write_cell("full", "ppl_T0", sample_cell()); }
+  const std::string bytes = file_bytes(path);
+  EXPECT_NO_THROW(ResultsFile::open(path).read_cell("full", "ppl_T0"));
+  // The first chunked layout message of a 1-D dataset: {u16 type 8, u16 size, u8 flags, 3
+  // reserved} then {version 3, class 2, dimensionality 2, B-tree address, 2 u32 sizes}.
+  size_t layout = std::string::npos;
+  for (size_t p = 0; p + 24 <= bytes.size() && layout == std::string::npos; ++p)
+    if (bytes.compare(p, 2, "\x08\x00", 2) == 0 && bytes.compare(p + 5, 3, "\0\0\0", 3) == 0 &&
+        bytes.compare(p + 8, 3, "\x03\x02\x02", 3) == 0)
+      layout = p + 8;
+  ASSERT_NE(layout, std::string::npos) << "no chunked layout message in a file with chunked datasets";
+  struct Corruption {
+    size_t at;
+    char value;
+    std::string expected;
+  } cases[] = {
+      {layout, 0, "has a data layout message of version 0, which libhdf5 does not write"},
+      {layout + 3 + 8, 0, "has a data layout message whose chunk size 0 is 0, which libhdf5 does not write"},
+      {layout + 2, 3, "describes a dataset of rank 1 stored in chunks of rank 2"},
+      {layout - 8, 0, "describes a dataset without a data layout message"},  // type 8 -> 0, a null message
+  };
+  for (const Corruption& c : cases) {
+    std::string corrupt = bytes;
+    std::memset(&corrupt[c.at], 0, c.at == layout + 3 + 8 ? 4 : 1);
+    corrupt[c.at] = c.value;
+    // A third chunk size for the rank-2 case, in the message's padding (its body is padded to 24 bytes).
+    if (c.at == layout + 2) corrupt[layout + 3 + 8 + 8] = 1;
+    write_file_bytes(path, corrupt);
+    try {
+      ResultsFile::open(path).read_cell("full", "ppl_T0");
+      ADD_FAILURE() << "accepted: " << c.expected;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(path.string() + ": the object header at byte "), std::string::npos)
+          << e.what();
+      EXPECT_NE(std::string(e.what()).find(c.expected), std::string::npos) << e.what();
+    }
+  }
+  fs::remove_all(path.parent_path());
+}
+
+// fuzz_results (ASan SEGV in H5VM_memcpyvv under H5D__contig_read): a compact dataset whose stored
+// size was 0; libhdf5 1.10.8 copies the dataset's whole extent out of its stored bytes without
+// comparing the two. Rebuilt here with a compact and a contiguous 2 x 3 float dataset: a stored
+// size other than 24 bytes, or contiguous data past the file's end, is refused; intact, both pass.
+TEST(Results, CompactOrContiguousDataOfTheWrongSizeIsRefused) {
+  const fs::path path = temp_path("compact.h5");
+  for (const H5D_layout_t kind : {H5D_COMPACT, H5D_CONTIGUOUS}) {
+    {
+      H5::H5File file(path.string(), H5F_ACC_TRUNC);
+      const hsize_t dims[2] = {2, 3};
+      H5::DSetCreatPropList plist;
+      plist.setLayout(kind);
+      const float values[6] = {1, 2, 3, 4, 5, 6};
+      file.createDataSet("recall", H5::PredType::NATIVE_FLOAT, H5::DataSpace(2, dims), plist)
+          .write(values, H5::PredType::NATIVE_FLOAT);
+    }
+    std::string bytes = file_bytes(path);
+    EXPECT_NO_THROW(hdf5::check_object_headers(path));
+    // The layout message {u16 type 8, u16 size, u8 flags, 3 reserved} {version 3, class: 0
+    // compact {u16 size, data}, 1 contiguous {u64 address, u64 size}}.
+    const char body[2] = {3, char(kind == H5D_COMPACT ? 0 : 1)};
+    size_t layout = std::string::npos;
+    for (size_t p = 0; p + 16 <= bytes.size() && layout == std::string::npos; ++p)
+      if (bytes.compare(p, 2, "\x08\x00", 2) == 0 && bytes.compare(p + 5, 3, "\0\0\0", 3) == 0 &&
+          bytes.compare(p + 8, 2, body, 2) == 0)
+        layout = p + 8;
+    ASSERT_NE(layout, std::string::npos) << "no layout message of class " << int(body[1]);
+    const size_t size_at = kind == H5D_COMPACT ? layout + 2 : layout + 2 + 8;
+    uint16_t stored = 0;
+    std::memcpy(&stored, &bytes[size_at], 2);
+    ASSERT_EQ(stored, 24u);  // 2 x 3 floats
+    std::vector<std::pair<size_t, uint64_t>> corruptions = {{size_at, 0}};
+    if (kind == H5D_CONTIGUOUS) corruptions.push_back({layout + 2, bytes.size() - 8});  // data past the end
+    for (const auto& [at, value] : corruptions) {
+      std::string corrupt = bytes;
+      std::memcpy(&corrupt[at], &value, kind == H5D_COMPACT ? 2 : 8);
+      write_file_bytes(path, corrupt);
+      const std::string expected =
+          at == size_at ? "describes a dataset of 6 elements of 4 bytes stored in 0 bytes"
+                        : "has its data at byte " + std::to_string(value) + ", 24 bytes past the end of the " +
+                              std::to_string(bytes.size()) + "-byte file";
+      try {
+        ResultsFile::open(path);
+        ADD_FAILURE() << "accepted: " << expected;
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find(path.string() + ": the object header at byte "), std::string::npos)
+            << e.what();
+        EXPECT_NE(std::string(e.what()).find(expected), std::string::npos) << e.what();
+      }
+    }
+  }
+  fs::remove_all(path.parent_path());
+}
+
+// fuzz_results (ASan heap-buffer-overflow in H5O__msg_iterate_real under H5Aexists; it reproduced
+// only inside the campaign, where libhdf5's free lists had handed out a buffer of just the
+// header's size): an attribute message whose name, datatype and dataspace sizes add up to more
+// than the message. Rebuilt from a file kvlab writes: the root attribute `count`'s name size
+// grown to 0xfff0 is refused at open.
+TEST(Results, AttributeMessageWhosePartsDoNotFitIsRefused) {
+  const fs::path path = temp_path("attr_parts.h5");
+  { ResultsFile::create(path, {{"count", int64_t(3)}}); }
+  std::string bytes = file_bytes(path);
+  // The attribute message {u16 type 0x0C, u16 size, u8 flags, 3 reserved} {version 1, reserved,
+  // u16 name size 6, u16 datatype size, u16 dataspace size} then the name "count\0", padded.
+  size_t message = std::string::npos;
+  for (size_t at = bytes.find(std::string("count\0", 6)); at != std::string::npos && message == std::string::npos;
+       at = bytes.find(std::string("count\0", 6), at + 1))
+    if (at >= 16 && bytes[at - 16] == 0x0C && bytes[at - 15] == 0 && bytes[at - 8] == 1 && bytes[at - 6] == 6)
+      message = at - 16;
+  ASSERT_NE(message, std::string::npos) << "no version-1 attribute message named count";
+  uint16_t size = 0;
+  std::memcpy(&size, &bytes[message + 2], 2);
+  {  // and (a later finding: ASan heap-buffer-overflow in strdup) a name without its NUL
+    std::string corrupt = bytes;
+    corrupt[message + 16 + 5] = 'x';
+    write_file_bytes(path, corrupt);
+    try {
+      ResultsFile::open(path).root_attrs();
+      ADD_FAILURE() << "an attribute name without its NUL was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("has an attribute message whose name does not end within its 6 bytes"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+  const uint16_t huge = 0xfff0;
+  std::memcpy(&bytes[message + 8 + 2], &huge, 2);
+  write_file_bytes(path, bytes);
+  try {
+    ResultsFile::open(path).root_attrs();
+    ADD_FAILURE() << "an attribute whose name does not fit its message was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(path.string() + ": the object header at byte "), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("has an attribute message whose name, datatype and dataspace"),
+              std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("do not fit its " + std::to_string(size) + " bytes"), std::string::npos)
         << e.what();
   }
   fs::remove_all(path.parent_path());
