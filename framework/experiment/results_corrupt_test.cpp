@@ -289,6 +289,54 @@ TEST(Results, DataLayoutLibhdf5DoesNotWriteIsRefused) {
   fs::remove_all(path.parent_path());
 }
 
+// fuzz_results (LeakSanitizer, 4.2 KB of chunk cache and 128 B of pipeline under H5Dopen2 ->
+// H5D__layout_oh_read, 2026-12-06): one bit made a chunked float dataset's datatype 2 GiB + 4
+// bytes an element; libhdf5 1.10.8 allocates the chunk cache, finds the chunk over its 4 GiB limit
+// and leaks both. A datatype size other than the layout's element size, and chunks of 4 GiB or
+// more, are refused before libhdf5 opens the dataset.
+TEST(Results, ChunkedDatasetWhoseElementsOrChunksLibhdf5CannotHoldIsRefused) {
+  const fs::path path = temp_path("element.h5");
+  { ResultsFile::create(path, {}).write_cell("full", "ppl_T0", sample_cell()); }
+  const std::string bytes = file_bytes(path);
+  // A float datatype message: {u16 type 3, u16 size, u8 flags, 3 reserved} {0x11: version 1,
+  // class 1; 3 bytes of bit field; u32 size 4, ...}: the chunked 'nll' dataset's.
+  size_t type = std::string::npos;
+  for (size_t p = 0; p + 16 <= bytes.size() && type == std::string::npos; ++p)
+    if (bytes.compare(p, 2, "\x03\x00", 2) == 0 && bytes.compare(p + 5, 3, "\0\0\0", 3) == 0 && bytes[p + 8] == 0x11 &&
+        bytes.compare(p + 12, 4, "\x04\0\0\0", 4) == 0)
+      type = p + 8;
+  ASSERT_NE(type, std::string::npos) << "no float datatype message";
+  // The first chunked layout of a 1-D dataset (as in DataLayoutLibhdf5DoesNotWriteIsRefused).
+  size_t layout = std::string::npos;
+  for (size_t p = 0; p + 24 <= bytes.size() && layout == std::string::npos; ++p)
+    if (bytes.compare(p, 2, "\x08\x00", 2) == 0 && bytes.compare(p + 5, 3, "\0\0\0", 3) == 0 &&
+        bytes.compare(p + 8, 3, "\x03\x02\x02", 3) == 0)
+      layout = p + 8;
+  ASSERT_NE(layout, std::string::npos);
+  const struct {
+    size_t at;
+    uint32_t value;
+    std::string expected;
+  } cases[] = {
+      {type + 4, 0x80000004u, "describes elements of 2147483652 bytes stored in chunks of 4-byte elements"},
+      {layout + 3 + 8, 0x40000000u, "describes chunks of 4 GiB or more"},  // x an element of >= 4 bytes
+  };
+  for (const auto& c : cases) {
+    std::string corrupt = bytes;
+    std::memcpy(&corrupt[c.at], &c.value, 4);
+    write_file_bytes(path, corrupt);
+    try {
+      ResultsFile::open(path).read_cell("full", "ppl_T0");
+      ADD_FAILURE() << "accepted: " << c.expected;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(path.string() + ": the object header at byte "), std::string::npos)
+          << e.what();
+      EXPECT_NE(std::string(e.what()).find(c.expected), std::string::npos) << e.what();
+    }
+  }
+  fs::remove_all(path.parent_path());
+}
+
 // fuzz_results (ASan SEGV in H5VM_memcpyvv under H5D__contig_read): a compact dataset whose stored
 // size was 0; libhdf5 1.10.8 copies the dataset's whole extent out of its stored bytes without
 // comparing the two. Rebuilt here with a compact and a contiguous 2 x 3 float dataset: a stored
