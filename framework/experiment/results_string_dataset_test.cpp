@@ -156,6 +156,44 @@ TEST(ResultsStringDataset, ShuffledChunkWithoutElementSizeIsRefused) {
   EXPECT_NE(e.find("went through the shuffle filter without an element size"), std::string::npos) << e;
 }
 
+// fuzz_results (libFuzzer out-of-memory, 2.2 GB of string pointers): a string dataset whose
+// chunks are not stored reads as empty strings, so nothing in the file bounds its extent. kvlab
+// writes every string; a dataset of 10 strings with one of its two chunks stored is refused.
+TEST(ResultsStringDataset, StringsNotStoredInAnyChunkAreRefused) {
+  const fs::path path = temp_path("unstored.h5");
+  {
+    ResultsFile f = ResultsFile::create(path, {});
+    f.ensure_run("r", {});
+    CellRecord cell;
+    cell.datasets["answers"].data = std::vector<std::string>{"1234567"};
+    f.write_cell("r", "c", cell);
+  }
+  {
+    H5::H5File f(path.string(), H5F_ACC_RDWR);
+    const hsize_t dims = 10, chunk = 5, first = 0, count = 5;
+    H5::DataSpace space(1, &dims);
+    H5::DSetCreatPropList props;
+    props.setChunk(1, &chunk);
+    props.setDeflate(4);
+    const H5::StrType type(H5::PredType::C_S1, H5T_VARIABLE);
+    H5::DataSet d = f.openGroup("runs/r/cells/c").createDataSet("half", type, space, props);
+    space.selectHyperslab(H5S_SELECT_SET, &count, &first);
+    const H5::DataSpace memory(1, &count);
+    const char* five[5] = {"a", "b", "c", "d", "e"};
+    d.write(five, type, memory, space);
+  }
+  try {
+    (void)ResultsFile::open(path).read_cell("r", "c");
+    ADD_FAILURE() << "a string dataset with an unstored chunk was read";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("dataset '/runs/r/cells/c/half': it holds 10 strings, of which its chunks "
+                                         "store 5"),
+              std::string::npos)
+        << e.what();
+  }
+  fs::remove_all(path.parent_path());
+}
+
 // Strings past one chunk: the edge chunk's padding is not read, its values are.
 TEST(ResultsStringDataset, StringsAcrossChunksRead) {
   const fs::path path = temp_path("many.h5");
