@@ -540,5 +540,14 @@ TEST(Results, StringValueLengthMustMatchItsHeapObject) {
   }
 }
 
+// fuzz_results (ASan SEGV in strlen under H5::Attribute::p_read_variable_len, 2026-12-06): a
+// string attribute's value naming collection 0, HDF5's null string. libhdf5 reads it as a null
+// pointer, which the C++ API passed to strlen; kvlab now reads it as "" (a file it did not
+// write, but not one to crash on).
+TEST(Results, NullStringAttributeReadsAsEmpty) {
+  const std::string e = string_value_patched("null_string.h5", [](char* v) { std::memset(v + 4, 0, 8); });
+  EXPECT_EQ(e, "");
+}
+
 }  // namespace
 }  // namespace kvlab
