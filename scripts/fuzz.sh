@@ -6,6 +6,8 @@
 #   KVLAB_FUZZ_TARGETS="fuzz_gguf fuzz_hf" scripts/fuzz.sh 30     only these targets
 #   KVLAB_FUZZ_BUILD_DIR=dir           build elsewhere (default build-fuzz)
 #   KVLAB_FUZZ_RUNS=N                  also stop each target after N executions
+#   KVLAB_FUZZ_SEED=n                  libFuzzer's -seed (default: a new random seed per run);
+#                                      with KVLAB_FUZZ_RUNS and a fresh corpus, a run repeats
 #   KVLAB_FUZZ_JOBS=n                  build jobs (default: nproc)
 #   KVLAB_FUZZ_NO_BUILD=1              run what is built (no cmake)
 #   KVLAB_FUZZ_NICE=19                 run the fuzzers under nice (shared machines)
@@ -86,6 +88,7 @@ for t in "${targets[@]}"; do
   mkdir -p "$corpus" "$artifacts" "$tmp"
   runs=()
   [[ -n ${KVLAB_FUZZ_RUNS:-} ]] && runs=(-runs="$KVLAB_FUZZ_RUNS")
+  [[ -n ${KVLAB_FUZZ_SEED:-} ]] && runs+=(-seed="$KVLAB_FUZZ_SEED")
   log="$build/logs/$t.log"
   mkdir -p "$build/logs"
   echo "fuzz: $t for ${seconds}s" >&2

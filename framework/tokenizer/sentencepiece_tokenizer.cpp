@@ -7,6 +7,7 @@
 #include <iterator>
 
 #include "framework/core/error.h"
+#include "framework/tokenizer/utf8.h"
 
 namespace kvlab {
 namespace {
@@ -82,6 +83,13 @@ SentencePieceTokenizer::SentencePieceTokenizer(const std::string& serialized, co
   surface_.resize(n);
   for (int id = 0; id < n; ++id) {
     const std::string& piece = sp_->IdToPiece(id);
+    // libsentencepiece matches pieces in a NUL-terminated trie and assumes they are whole UTF-8
+    // characters; a piece like "\xE2\x96\0a" (fuzz_spm_model, issue 11) is stored as the half
+    // character "\xE2\x96", the lattice then ends inside a character, and Encode of some later
+    // text fails ("all normalized characters are not consumed") though the load probe passed.
+    // Trained models only hold valid UTF-8, so anything else is a corrupt file.
+    if (!utf8::is_valid(piece) || piece.find('\0') != std::string::npos)
+      fail(source, ": piece ", id, " is not valid UTF-8 without NUL bytes (corrupt model?)");
     if (sp_->IsControl(id)) {
       surface_[id] = "";
       if (!piece.empty()) specials_.emplace_back(piece, id);

@@ -215,6 +215,36 @@ TEST(TokenizerLimits, SentencePieceModelThatCannotEncodeIsRefusedAtLoad) {
   expect_error([&] { load_tokenizer(model); }, model, "sentencepiece cannot encode text with this model");
 }
 
+// Issue 11, fuzz_spm_model's 2026-12-06 finding (fuzz/README.md): a 180-byte model holding the
+// piece "\xE2\x96\0a" (half a "\u2581", a NUL, "a") loaded and passed the load-time encode probe,
+// then libsentencepiece refused to encode one of the harness's texts ("all normalized characters
+// are not consumed") and the target terminated. Now refused at load, naming the file and the
+// piece. The fuzzer's input, byte for byte:
+TEST(TokenizerLimits, SentencePiecePieceThatIsNotUtf8IsRefusedAtLoad) {
+  static const char kInput[] =
+      "\x0a\x0e\x0a\x05\x3c\x75\x6e\x6b\x3e\x15\x00\x00\x00\x00\x18\x02\x0a\x0c\x0a\x03\x3c\x73\x3e\x15"
+      "\x00\x00\x00\x00\x18\x03\x0a\x0d\x0a\x04\x3c\x2f\x73\x3e\x15\x00\x00\x00\x00\x18\x03\x0a\x0c\x0a"
+      "\x03\xe2\x96\x81\x18\x03\x15\x00\x00\x80\xbf\x18\x01\x0a\x0a\x0a\x01\x61\x15\x00\x00\x00\xc0\x18"
+      "\x01\x0a\x0a\x0a\x01\x62\x15\x00\x00\x40\xc0\x18\x01\x0a\x0d\x0a\x04\xe2\x96\x00\x61\x15\x81\x80"
+      "\x00\xc0\x18\x01\x0a\x0b\x0a\x02\x61\x62\x15\x00\x00\xa0\xc0\x18\x01\x0a\x0e\x0a\x05\xe2\x96\x81"
+      "\x61\x62\x15\x00\x00\xc0\xc0\x18\x01\x0a\x0f\x0a\x06\x3c\x30\x78\x34\x31\x3e\x15\x00\x00\x00\x00"
+      "\x18\x04\x12\x0e\x18\x03\x98\x02\x00\xc0\x02\x00\xc8\x02\x01\xd0\x02\x02\x1a\x10\x0a\x08\x69\x64"
+      "\x65\x6e\x74\x69\x74\x79\x18\x01\x20\x00\x28\x01";
+  const fs::path model = temp_dir() / "tokenizer.model";
+  write_file(model, std::string(kInput, sizeof(kInput) - 1));
+  expect_error([&] { load_tokenizer(model); }, model, "piece 6 is not valid UTF-8");
+  // The same through a vocabulary built by kvlab (the GGUF and llama2.c path), for a half
+  // character without the NUL too.
+  for (const std::string bad : {std::string("\xE2\x96\0a", 4), std::string("\xE2\x96")}) {
+    SpmVocab v = tiny_spm_vocab();
+    v.model_type = SpmModelType::kUnigram;
+    v.pieces.push_back(bad);
+    v.scores.push_back(-1.f);
+    v.types.push_back(SpmPieceType::kNormal);
+    expect_error([&] { sentencepiece_from_vocab(v, "vocab.gguf", true); }, "vocab.gguf", "is not valid UTF-8");
+  }
+}
+
 // --- the round-trip contract of tokenizer.h, condition by condition ----------------------------
 
 // `v` without byte pieces and with byte_fallback off (SentencePiece refuses byte pieces then).
