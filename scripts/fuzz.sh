@@ -86,16 +86,16 @@ for t in "${targets[@]}"; do
   fi
   corpus="$build/corpus/$t" artifacts="$build/artifacts/$t" tmp="$tmp_root/$t-$$"
   mkdir -p "$corpus" "$artifacts" "$tmp"
-  runs=()
-  [[ -n ${KVLAB_FUZZ_RUNS:-} ]] && runs=(-runs="$KVLAB_FUZZ_RUNS")
-  [[ -n ${KVLAB_FUZZ_SEED:-} ]] && runs+=(-seed="$KVLAB_FUZZ_SEED")
+  libfuzzer_args=()
+  [[ -n ${KVLAB_FUZZ_RUNS:-} ]] && libfuzzer_args=(-runs="$KVLAB_FUZZ_RUNS")
+  [[ -n ${KVLAB_FUZZ_SEED:-} ]] && libfuzzer_args+=(-seed="$KVLAB_FUZZ_SEED")
   log="$build/logs/$t.log"
   mkdir -p "$build/logs"
   echo "fuzz: $t for ${seconds}s" >&2
   rc=0
   TMPDIR="$tmp" nice -n "${KVLAB_FUZZ_NICE:-0}" "$build/fuzz/$t" -max_total_time="$seconds" -timeout="${KVLAB_FUZZ_TIMEOUT:-10}" -rss_limit_mb=2048 \
       -malloc_limit_mb=2048 -print_final_stats=1 -dict="$(dict_of "$t")" -artifact_prefix="$artifacts/" \
-      "${runs[@]}" "$corpus" "$seeds/$t" >"$log" 2>&1 || rc=$?
+      "${libfuzzer_args[@]}" "$corpus" "$seeds/$t" >"$log" 2>&1 || rc=$?
   rm -rf "$tmp"
   execs=$(awk '/^stat::number_of_executed_units:/ {print $2}' "$log" | tail -1)
   rate=$(awk '/^stat::average_exec_per_sec:/ {print $2}' "$log" | tail -1)
