@@ -1,4 +1,5 @@
-// Shared by the attention tests (kernels/cpu/attention_test.cpp, framework/kv/kv_format_test.cpp):
+// Shared by the attention tests (kernels/cpu/attention_test.cpp and attention_fused_test.cpp,
+// framework/kv/kv_format_test.cpp):
 // run attention() or attention_naive() into fresh buffers, and the per-element fp32 rounding
 // bounds of the tiled kernel against the reference (tolerances()). Test-only, header-only.
 #pragma once
