@@ -99,6 +99,33 @@ void check_elements(uint64_t n, uint64_t bytes_per_file_byte, uint64_t slack_byt
          " bytes can hold (corrupt file?)");
 }
 
+// libhdf5 1.10.8 builds one chunk record (~150 bytes) for every chunk of the extent a read
+// covers, stored in the file or not (fuzz_results, libFuzzer OOM: a 132 KB file whose dataset of
+// 16,515,071 elements in 2-element chunks, allowed by check_elements, made 8.3M records, 1.2 GB).
+// kvlab writes every chunk of its datasets, each costing the file at least a 24-byte B-tree
+// entry, so a chunked extent of more than file bytes / 16 chunks (+4096) is refused before the read.
+void check_chunks(const H5::DataSet& in, const std::vector<hsize_t>& dims, const std::string& what) {
+  const hid_t plist = H5Dget_create_plist(in.getId());
+  if (plist < 0) fail(file_prefix(in.getId()), what, " has an unreadable creation property list (corrupt file?)");
+  std::vector<hsize_t> chunk(dims.size(), 0);
+  const bool chunked = H5Pget_layout(plist) == H5D_CHUNKED;
+  const int chunk_rank = chunked ? H5Pget_chunk(plist, int(chunk.size()), chunk.data()) : 0;
+  H5Pclose(plist);
+  if (!chunked) return;
+  if (chunk_rank != int(dims.size()))
+    fail(file_prefix(in.getId()), what, " has chunks of rank ", chunk_rank, " for ", dims.size(), " dimensions (corrupt file?)");
+  const uint64_t limit = file_bytes_of(in.getId()) / 16 + 4096;
+  uint64_t chunks = 1;
+  for (size_t i = 0; i < dims.size(); ++i) {
+    if (chunk[i] == 0) fail(file_prefix(in.getId()), what, " has a chunk dimension of 0 (corrupt file?)");
+    const uint64_t along = dims[i] / chunk[i] + (dims[i] % chunk[i] != 0);
+    if (along != 0 && chunks > limit / along)
+      fail(file_prefix(in.getId()), what, " spans more than ", limit, " chunks, more than the file's ",
+           file_bytes_of(in.getId()), " bytes can index (corrupt file?)");
+    chunks *= along;
+  }
+}
+
 // A variable-length string type from the file must have 1-byte characters. libhdf5 1.10.8
 // trusts the stored character size: with 0, H5T__conv_vlen passes no buffer to the heap read, and
 // H5HG_read allocates the string itself and the pointer is lost inside libhdf5 (fuzz_results:
@@ -254,6 +281,7 @@ Dataset read_dataset(const H5::DataSet& in) {
   ds.shape.assign(dims.begin(), dims.end());
   const size_t n = size_t(space.getSimpleExtentNpoints());
   check_elements(n, 1100, 1 << 20, in.getId(), "dataset '" + in.getObjName() + "'");
+  check_chunks(in, dims, "dataset '" + in.getObjName() + "'");
   const H5T_class_t cls = in.getTypeClass();
   if (cls == H5T_STRING) {
     check_string_type(in.getId(), in.getStrType().getId(), "dataset '" + in.getObjName() + "'");

@@ -337,6 +337,34 @@ TEST(Results, ChunkedDatasetWhoseElementsOrChunksLibhdf5CannotHoldIsRefused) {
   fs::remove_all(path.parent_path());
 }
 
+// fuzz_results (libFuzzer out-of-memory, 2026-12-07: 1.2 GB in 7.8M libhdf5 allocations under
+// read_cell): a cell dataset's extent became 16,515,071 int64 elements in 2-element chunks, none
+// stored; libhdf5 1.10.8 builds a record per chunk of the extent it reads. Rebuilt with the C++
+// API: a complete cell gains a dataset of 2^20 elements in 1-element chunks (within the element
+// limit: fill values need no storage) and is refused before the read; the intact cell reads.
+TEST(Results, DatasetOfMoreChunksThanTheFileCanIndexIsRefused) {
+  const fs::path path = temp_path("many_chunks.h5");
+  { ResultsFile::create(path, {}).write_cell("full", "ppl_T0", sample_cell()); }
+  EXPECT_NO_THROW(ResultsFile::open(path).read_cell("full", "ppl_T0"));
+  {
+    H5::H5File h(path.string(), H5F_ACC_RDWR);
+    const hsize_t n = hsize_t(1) << 20, one = 1;
+    H5::DSetCreatPropList props;
+    props.setChunk(1, &one);
+    h.openGroup("/runs/full/cells/ppl_T0").createDataSet("many_chunks", H5::PredType::NATIVE_INT64, H5::DataSpace(1, &n), props);
+  }
+  // The limit is file bytes / 16 + 4096 chunks: below 2^20 for any file under ~16 MB.
+  ASSERT_LT(fs::file_size(path), 16u << 20);
+  try {
+    ResultsFile::open(path).read_cell("full", "ppl_T0");
+    ADD_FAILURE() << "a dataset of 2^20 unstored chunks was read";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("many_chunks' spans more than "), std::string::npos)
+        << e.what();
+  }
+  fs::remove_all(path.parent_path());
+}
+
 // fuzz_results (ASan SEGV in H5VM_memcpyvv under H5D__contig_read): a compact dataset whose stored
 // size was 0; libhdf5 1.10.8 copies the dataset's whole extent out of its stored bytes without
 // comparing the two. Rebuilt here with a compact and a contiguous 2 x 3 float dataset: a stored
