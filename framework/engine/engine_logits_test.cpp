@@ -18,17 +18,13 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <cmath>
-#include <cstdio>
-#include <cstdlib>
 #include <filesystem>
-#include <fstream>
-#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "framework/engine/engine.h"
 #include "framework/engine/engine_testing.h"
+#include "framework/engine/fixture_logits_testing.h"
 #include "framework/engine/logit_bound.h"
 #include "framework/model/model.h"
 
@@ -36,82 +32,23 @@ namespace kvlab {
 namespace {
 
 namespace fs = std::filesystem;
+using namespace fixture_logits;
 
-fs::path fixtures_root() {
-  if (const char* b = std::getenv("KVLAB_BINARY_DIR")) return fs::path(b) / "fixtures";
-  return fs::path(KVLAB_BINARY_DIR) / "fixtures";
-}
-fs::path source_root() {
-  if (const char* s = std::getenv("KVLAB_SOURCE_DIR")) return s;
-  return KVLAB_SOURCE_DIR;
-}
-
-struct Fixture {
-  fs::path dir;
-  nlohmann::json meta;
-  std::vector<std::vector<int32_t>> sequences;
-};
+fs::path fixtures_root() { return fixture_logits::fixtures_root("fixtures"); }
 
 std::vector<Fixture> load_fixtures() {
   std::vector<Fixture> out;
   const fs::path root = fixtures_root();
   if (!fs::exists(root)) return out;
-  for (const auto& entry : fs::directory_iterator(root)) {
-    const fs::path meta = entry.path() / "fixture.json";
-    if (!fs::exists(meta)) continue;
-    Fixture f;
-    f.dir = entry.path();
-    f.meta = nlohmann::json::parse(std::ifstream(meta));
-    const auto tokens = nlohmann::json::parse(std::ifstream(entry.path() / "tokens.json"));
-    for (const auto& seq : tokens["sequences"]) f.sequences.push_back(seq.get<std::vector<int32_t>>());
-    out.push_back(std::move(f));
-  }
+  for (const auto& entry : fs::directory_iterator(root))
+    if (fs::exists(entry.path() / "fixture.json")) out.push_back(fixture_logits::read_fixture(entry.path()));
   std::sort(out.begin(), out.end(), [](const Fixture& a, const Fixture& b) { return a.dir < b.dir; });
   return out;
 }
 
-std::unique_ptr<Model> load(const fs::path& path, const std::string& dtype = "keep") {
-  LoadOptions o;
-  o.load_tokenizer = false;
-  o.weight_dtype = dtype;
-  return load_model(path, o);
-}
-
 // Logits [n, vocab] from the numpy reference on a HF directory.
 std::vector<float> reference_logits(const fs::path& hf_dir, const std::vector<int32_t>& tokens, int vocab) {
-  std::string ids;
-  for (size_t i = 0; i < tokens.size(); ++i) ids += (i ? "," : "") + std::to_string(tokens[i]);
-  const fs::path out = fs::temp_directory_path() / ("kvlab_ref_" + std::to_string(::getpid()) + ".f32");
-  const std::string cmd = "/usr/bin/python3 '" + (source_root() / "tests/reference/llama_ref.py").string() +
-                          "' --model '" + hf_dir.string() + "' --tokens " + ids + " --out '" + out.string() + "'";
-  if (std::system(cmd.c_str()) != 0) {
-    ADD_FAILURE() << "reference failed: " << cmd;
-    return {};
-  }
-  std::vector<float> lg(tokens.size() * static_cast<size_t>(vocab));
-  std::ifstream in(out, std::ios::binary);
-  in.read(reinterpret_cast<char*>(lg.data()), static_cast<std::streamsize>(lg.size() * sizeof(float)));
-  EXPECT_EQ(in.gcount(), static_cast<std::streamsize>(lg.size() * sizeof(float))) << out;
-  fs::remove(out);
-  return lg;
-}
-
-float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  if (a.size() != b.size()) return INFINITY;
-  float m = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (std::isnan(a[i]) || std::isnan(b[i])) return INFINITY;
-    m = std::max(m, std::fabs(a[i] - b[i]));
-  }
-  return m;
-}
-
-// max |a - b| <= bound, printing both (the margin on this machine, for the record).
-void expect_within(const std::vector<float>& a, const std::vector<float>& b, double bound,
-                   const std::string& what) {
-  const float d = max_abs_diff(a, b);
-  std::printf("  %s: max |diff| %.3g, bound %.3g (%.3f of it)\n", what.c_str(), d, bound, d / bound);
-  EXPECT_LE(d, bound) << what;
+  return fixture_logits::reference_logits("tests/reference/llama_ref.py", hf_dir, tokens, vocab);
 }
 
 class FixtureLogits : public ::testing::Test {
@@ -195,16 +132,7 @@ TEST_F(FixtureLogits, DecodeMatchesPrefill) {
     const auto m = load(f.dir / f.meta["files"]["gguf"].get<std::string>());
     const auto& seq = f.sequences.back();
     const auto want = prefill_logits(*m, seq);
-    EngineOptions o;
-    o.threads = 1;
-    o.block_size_tokens = 7;
-    Engine e(*m, o);
-    SeqId s = e.start_sequence();
-    std::vector<float> all, lg;
-    for (int32_t t : seq) {
-      ASSERT_EQ(e.decode(std::span(&s, 1), std::span(&t, 1), lg), StepStatus::kOk);
-      all.insert(all.end(), lg.begin(), lg.end());
-    }
+    const auto all = decode_logits(*m, seq);
     // decode (matvec kernels, attention over 1 query) and prefill (sgemm, all queries) round
     // differently: two passes.
     expect_within(all, want, 2 * logit_bound(*m, seq.size()), f.dir.filename().string() + " decode");

@@ -18,20 +18,16 @@
 // Skips (naming the directory) when the fixtures are absent.
 #include <gtest/gtest.h>
 
-#include <algorithm>
-#include <cmath>
-#include <cstdio>
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
-#include <unistd.h>
 #include <vector>
 
 #include "framework/core/error.h"
 #include "framework/engine/engine.h"
 #include "framework/engine/engine_testing.h"
+#include "framework/engine/fixture_logits_testing.h"
 #include "framework/engine/logit_bound.h"
 #include "framework/model/model.h"
 
@@ -39,56 +35,15 @@ namespace kvlab {
 namespace {
 
 namespace fs = std::filesystem;
+using namespace fixture_logits;
 
-fs::path fixtures_root() {
-  if (const char* b = std::getenv("KVLAB_BINARY_DIR")) return fs::path(b) / "fixtures_mla";
-  return fs::path(KVLAB_BINARY_DIR) / "fixtures_mla";
-}
-fs::path source_root() {
-  if (const char* s = std::getenv("KVLAB_SOURCE_DIR")) return s;
-  return KVLAB_SOURCE_DIR;
-}
+fs::path fixtures_root() { return fixture_logits::fixtures_root("fixtures_mla"); }
 
-std::unique_ptr<Model> load(const fs::path& path, const std::string& dtype = "keep") {
-  LoadOptions o;
-  o.load_tokenizer = false;
-  o.weight_dtype = dtype;
-  return load_model(path, o);
-}
-
+// mode: decompressed (as HF computes) or absorbed.
 std::vector<float> reference_logits(const fs::path& hf_dir, const std::vector<int32_t>& tokens, int vocab,
                                     const std::string& mode) {
-  std::string ids;
-  for (size_t i = 0; i < tokens.size(); ++i) ids += (i ? "," : "") + std::to_string(tokens[i]);
-  const fs::path out = fs::temp_directory_path() / ("kvlab_mla_ref_" + std::to_string(::getpid()) + ".f32");
-  const std::string cmd = "/usr/bin/python3 '" + (source_root() / "tests/reference/mla_ref.py").string() +
-                          "' --model '" + hf_dir.string() + "' --tokens " + ids + " --mode " + mode + " --out '" +
-                          out.string() + "'";
-  if (std::system(cmd.c_str()) != 0) {
-    ADD_FAILURE() << "reference failed: " << cmd;
-    return {};
-  }
-  std::vector<float> lg(tokens.size() * static_cast<size_t>(vocab));
-  std::ifstream in(out, std::ios::binary);
-  in.read(reinterpret_cast<char*>(lg.data()), static_cast<std::streamsize>(lg.size() * sizeof(float)));
-  EXPECT_EQ(in.gcount(), static_cast<std::streamsize>(lg.size() * sizeof(float))) << out;
-  fs::remove(out);
-  return lg;
+  return fixture_logits::reference_logits("tests/reference/mla_ref.py", hf_dir, tokens, vocab, "--mode " + mode);
 }
-
-void expect_within(const std::vector<float>& a, const std::vector<float>& b, double bound, const std::string& what) {
-  ASSERT_EQ(a.size(), b.size()) << what;
-  double d = 0;
-  for (size_t i = 0; i < a.size(); ++i) d = std::max(d, std::isnan(a[i]) || std::isnan(b[i]) ? INFINITY : std::fabs(double(a[i]) - b[i]));
-  std::printf("  %s: max |diff| %.3g, bound %.3g (%.3f of it)\n", what.c_str(), d, bound, d / bound);
-  EXPECT_LE(d, bound) << what;
-}
-
-struct Fixture {
-  fs::path dir;
-  nlohmann::json meta;
-  std::vector<std::vector<int32_t>> sequences;
-};
 
 class MlaFixtures : public ::testing::Test {
  protected:
@@ -96,15 +51,8 @@ class MlaFixtures : public ::testing::Test {
     const fs::path list = fixtures_root() / "fixtures.json";
     if (!fs::exists(list)) GTEST_SKIP() << "needs the mla_models fixtures in " << fixtures_root() << ": absent (run ctest)";
     const nlohmann::json names = nlohmann::json::parse(std::ifstream(list))["fixtures"];
-    for (const auto& name : names) {
-      Fixture f;
-      f.dir = fixtures_root() / name.get<std::string>();
-      f.meta = nlohmann::json::parse(std::ifstream(f.dir / "fixture.json"));
-      const nlohmann::json seqs = nlohmann::json::parse(std::ifstream(f.dir / "tokens.json"))["sequences"];
-      for (const auto& s : seqs)
-        f.sequences.push_back(s.get<std::vector<int32_t>>());
-      fixtures_.push_back(std::move(f));
-    }
+    for (const auto& name : names)
+      fixtures_.push_back(fixture_logits::read_fixture(fixtures_root() / name.get<std::string>()));
     ASSERT_FALSE(fixtures_.empty());
   }
   std::vector<Fixture> fixtures_;
@@ -202,17 +150,7 @@ TEST_F(MlaFixtures, DecodeMatchesPrefill) {
   for (const Fixture& f : fixtures_) {
     const auto m = load(f.dir / "model.gguf");
     const auto& seq = f.sequences.back();
-    EngineOptions o;
-    o.threads = 1;
-    o.block_size_tokens = 7;
-    Engine e(*m, o);
-    SeqId s = e.start_sequence();
-    std::vector<float> all, lg;
-    for (int32_t t : seq) {
-      ASSERT_EQ(e.decode(std::span(&s, 1), std::span(&t, 1), lg), StepStatus::kOk);
-      all.insert(all.end(), lg.begin(), lg.end());
-    }
-    expect_within(all, prefill_logits(*m, seq), 2 * logit_bound(*m, seq.size()), f.dir.filename().string() + " decode");
+    expect_within(decode_logits(*m, seq), prefill_logits(*m, seq), 2 * logit_bound(*m, seq.size()), f.dir.filename().string() + " decode");
   }
 }
 

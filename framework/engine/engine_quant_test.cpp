@@ -60,17 +60,7 @@ void apply(Model& q, Model& deq, const Plan& plan) {
 }
 
 std::vector<float> decode_all(const Model& m, const std::vector<int32_t>& tokens) {
-  EngineOptions o;
-  o.threads = 1;
-  o.block_size_tokens = 16;
-  Engine e(m, o);
-  SeqId s = e.start_sequence();
-  std::vector<float> all, lg;
-  for (int32_t t : tokens) {
-    EXPECT_EQ(e.decode(std::span(&s, 1), std::span(&t, 1), lg), StepStatus::kOk);
-    all.insert(all.end(), lg.begin(), lg.end());
-  }
-  return all;
+  return decode_logits(m, tokens, 16);
 }
 
 struct PlanCase {

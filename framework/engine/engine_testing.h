@@ -1,11 +1,12 @@
 // Shared setup of the engine tests: the small random-weight Llama shape they run on, random
-// token ids, one sequence's prefill logits (header-only; the tests link no extra library for it).
+// token ids, one sequence's prefill and decode logits (header-only; the tests link no extra library for it).
 #pragma once
 
 #include <gtest/gtest.h>
 
 #include <cstdint>
 #include <random>
+#include <span>
 #include <vector>
 
 #include "framework/engine/engine.h"
@@ -37,15 +38,34 @@ inline std::vector<int32_t> random_tokens(int n, int vocab, uint32_t seed) {
   return t;
 }
 
-// Prefill logits [n, vocab] of one sequence (one thread, blocks of 16 tokens).
-inline std::vector<float> prefill_logits(const Model& m, const std::vector<int32_t>& tokens) {
+// One thread, blocks of `block_size_tokens`.
+inline EngineOptions one_thread(int block_size_tokens) {
   EngineOptions o;
   o.threads = 1;
-  o.block_size_tokens = 16;
-  Engine e(m, o);
+  o.block_size_tokens = block_size_tokens;
+  return o;
+}
+
+// Prefill logits [n, vocab] of one sequence (one thread, blocks of 16 tokens).
+inline std::vector<float> prefill_logits(const Model& m, const std::vector<int32_t>& tokens) {
+  Engine e(m, one_thread(16));
   std::vector<float> lg;
   EXPECT_EQ(e.prefill(e.start_sequence(), tokens, lg, true), StepStatus::kOk);
   return lg;
+}
+
+// The same logits [n, vocab] decoded one token at a time (one thread; the default blocks of 7
+// tokens cross block boundaries at other points than prefill's).
+inline std::vector<float> decode_logits(const Model& m, const std::vector<int32_t>& tokens,
+                                        int block_size_tokens = 7) {
+  Engine e(m, one_thread(block_size_tokens));
+  SeqId s = e.start_sequence();
+  std::vector<float> all, lg;
+  for (int32_t t : tokens) {
+    EXPECT_EQ(e.decode(std::span(&s, 1), std::span(&t, 1), lg), StepStatus::kOk);
+    all.insert(all.end(), lg.begin(), lg.end());
+  }
+  return all;
 }
 
 }  // namespace kvlab
