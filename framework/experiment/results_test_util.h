@@ -7,6 +7,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <string>
 
 #include "framework/core/error.h"
@@ -68,6 +69,20 @@ inline void expect_root_attrs_refused(const fs::path& path, const std::string& m
     const std::string m = e.what();
     EXPECT_NE(m.find(path.string()), std::string::npos) << m;
     EXPECT_NE(m.find(message), std::string::npos) << m;
+  }
+}
+
+// `read` (of `path`, corrupted) must throw an Error that names the object header it refuses
+// ("PATH: the object header at byte ...") and holds `expected`.
+inline void expect_object_header_refused(const fs::path& path, const std::function<void()>& read,
+                                         const std::string& expected) {
+  try {
+    read();
+    ADD_FAILURE() << "accepted: " << expected;
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find(path.string() + ": the object header at byte "), std::string::npos) << m;
+    EXPECT_NE(m.find(expected), std::string::npos) << m;
   }
 }
 
