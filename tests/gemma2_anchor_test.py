@@ -17,29 +17,21 @@ GGML_GELU_FP16: up to ~2^-10 relative per activation); measured this session: 2.
 still tells the features apart: the same weights with window 31 give a PPL 1.8e-2 away, an
 attention soft-cap of 1e-4 instead of 5 one 7.5e-2 away (measured with kvlab on such files).
 
-Skips (exit 77) with a message without ../shared (KVLAB_SHARED_DIR) or without a built
-llama-perplexity ($KVLAB_ANCHORS_BIN, default /tmp/kvlab-anchors/bin; ../shared/anchors/build.sh).
+Skips (exit 77) without ../shared or a built llama-perplexity (anchor_ppl.anchor_or_skip).
 """
 import os
-import re
-import subprocess
 import sys
 import tempfile
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import anchor_ppl  # noqa: E402
+
 exe, src = sys.argv[1], sys.argv[2]
-shared = os.environ.get("KVLAB_SHARED_DIR", os.path.join(src, "..", "shared"))
-if not os.path.isdir(os.path.join(shared, "anchors")):
-    print(f"SKIP: no {shared}/anchors (set KVLAB_SHARED_DIR)")
-    sys.exit(77)
-anchor = os.path.join(os.environ.get("KVLAB_ANCHORS_BIN", "/tmp/kvlab-anchors/bin"), "llama-perplexity")
-if not os.access(anchor, os.X_OK):
-    print(f"SKIP: llama-perplexity not found at {anchor} ({shared}/anchors/build.sh builds it)")
-    sys.exit(77)
+anchor = anchor_ppl.anchor_or_skip(src)
 
 sys.path.insert(0, os.path.join(src, "scripts", "fixtures"))
 import make_fixtures as mf  # noqa: E402
 
-CTX, WINDOWS = "128", "3"
 cfg = {**mf.DEFAULTS, **dict(name="gemma2_anchor", arch="gemma2", dim=64, n_heads=2, n_kv_heads=1, head_dim=32,
                              hidden=128, vocab=1173, tied=True, rms_eps=1e-6, n_layers=26, sliding_window=32,
                              attn_softcap=5.0, final_softcap=10.0)}
@@ -47,20 +39,7 @@ text = os.path.join(src, "data", "eval", "heldout.txt")
 with tempfile.TemporaryDirectory() as tmp:
     gguf = os.path.join(tmp, "gemma2.gguf")
     mf.write_gguf(gguf, cfg, mf.make_weights(cfg, seed=77), "F32")
-    p = subprocess.run([exe, "perplexity", "--model", gguf, "--text", text, "--ctx", CTX, "--max-windows", WINDOWS,
-                        "--threads", "2"], capture_output=True, text=True, timeout=1200)
-    m = re.search(r"PPL = ([0-9.]+)", p.stdout)
-    if p.returncode != 0 or not m:
-        print("FAILED: kvlab perplexity", p.stdout, p.stderr)
-        sys.exit(1)
-    kv_ppl = float(m.group(1))
-    a = subprocess.run([anchor, "-m", gguf, "-f", text, "-c", CTX, "--chunks", WINDOWS, "-t", "2", "-b", CTX,
-                        "-ctk", "f32", "-ctv", "f32"], capture_output=True, text=True, timeout=1200)
-    m = re.search(r"Final estimate: PPL = ([0-9.]+)", a.stdout + a.stderr)
-    if a.returncode != 0 or not m:
-        print("FAILED: llama-perplexity", (a.stdout + a.stderr)[-3000:])
-        sys.exit(1)
-    ref = float(m.group(1))
+    kv_ppl, ref = anchor_ppl.perplexities(exe, anchor, gguf, text)
 rel = abs(kv_ppl - ref) / ref
 print(f"gemma2 (26 layers, window 32, soft-caps 5/10): kvlab PPL {kv_ppl:.4f}, llama-perplexity {ref:.4f}, "
       f"relative difference {rel:.2e} (bound 1e-3)")

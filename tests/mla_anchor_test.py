@@ -15,29 +15,21 @@ kv_lora_rank 32, qk_nope 16, qk_rope 8, v_head_dim 16, FFN 128, the fixtures' sy
 PPL within 1e-3 relative, as the other anchor tests (fp32 rounding is ~1e-6 relative here: a few
 hundred-term sums per stage, u = 2^-24).
 
-Skips (exit 77) with a message without ../shared (KVLAB_SHARED_DIR) or without a built
-llama-perplexity ($KVLAB_ANCHORS_BIN, default /tmp/kvlab-anchors/bin; ../shared/anchors/build.sh).
+Skips (exit 77) without ../shared or a built llama-perplexity (anchor_ppl.anchor_or_skip).
 """
 import os
-import re
-import subprocess
 import sys
 import tempfile
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import anchor_ppl  # noqa: E402
+
 exe, src = sys.argv[1], sys.argv[2]
-shared = os.environ.get("KVLAB_SHARED_DIR", os.path.join(src, "..", "shared"))
-if not os.path.isdir(os.path.join(shared, "anchors")):
-    print(f"SKIP: no {shared}/anchors (set KVLAB_SHARED_DIR)")
-    sys.exit(77)
-anchor = os.path.join(os.environ.get("KVLAB_ANCHORS_BIN", "/tmp/kvlab-anchors/bin"), "llama-perplexity")
-if not os.access(anchor, os.X_OK):
-    print(f"SKIP: llama-perplexity not found at {anchor} ({shared}/anchors/build.sh builds it)")
-    sys.exit(77)
+anchor = anchor_ppl.anchor_or_skip(src)
 
 sys.path.insert(0, os.path.join(src, "scripts", "fixtures"))
 import make_mla_fixtures as mla  # noqa: E402
 
-CTX, WINDOWS = "128", "3"
 base = dict(dim=64, n_heads=4, q_lora_rank=16, kv_lora_rank=32, qk_nope=16, qk_rope=8, v_head=16, hidden=128,
             vocab=1173, n_layers=2)
 # the second model: YaRN factor 4 over an original context of 32 (CTX = 128 reaches past it),
@@ -50,20 +42,7 @@ for label, extra, seed in (("plain RoPE", {}, 78), ("yarn x4", {"yarn": yarn}, 8
     with tempfile.TemporaryDirectory() as tmp:
         gguf = os.path.join(tmp, "deepseek2.gguf")
         mla.write_gguf(gguf, cfg, mla.make_weights(cfg, seed=seed))
-        p = subprocess.run([exe, "perplexity", "--model", gguf, "--text", text, "--ctx", CTX, "--max-windows", WINDOWS,
-                            "--threads", "2"], capture_output=True, text=True, timeout=1200)
-        m = re.search(r"PPL = ([0-9.]+)", p.stdout)
-        if p.returncode != 0 or not m:
-            print("FAILED: kvlab perplexity", p.stdout, p.stderr)
-            sys.exit(1)
-        kv_ppl = float(m.group(1))
-        a = subprocess.run([anchor, "-m", gguf, "-f", text, "-c", CTX, "--chunks", WINDOWS, "-t", "2", "-b", CTX,
-                            "-ctk", "f32", "-ctv", "f32"], capture_output=True, text=True, timeout=1200)
-        m = re.search(r"Final estimate: PPL = ([0-9.]+)", a.stdout + a.stderr)
-        if a.returncode != 0 or not m:
-            print("FAILED: llama-perplexity", (a.stdout + a.stderr)[-3000:])
-            sys.exit(1)
-        ref = float(m.group(1))
+        kv_ppl, ref = anchor_ppl.perplexities(exe, anchor, gguf, text)
     rel = abs(kv_ppl - ref) / ref
     print(f"deepseek2 {label} (2 layers, q_lora 16, kv_lora 32, nope 16, rope 8, v 16): kvlab PPL {kv_ppl:.4f}, "
           f"llama-perplexity {ref:.4f}, relative difference {rel:.2e} (bound 1e-3)")

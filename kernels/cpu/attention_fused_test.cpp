@@ -19,15 +19,7 @@
 namespace kvlab {
 namespace {
 
-using attention_test::Outputs;
-using attention_test::Tolerances;
-using attention_test::expect_close;
-using attention_test::paths;
-using attention_test::run;
-using attention_test::FakeCache;
-using attention_test::random_normal;
-using attention_test::random_selection;
-using attention_test::tolerances;
+using namespace attention_test;  // the harness (attention_test_util.h) and the random caches (attention_test_cache.h)
 
 struct CodedCache {
   KvBlockLayout layout;
