@@ -77,19 +77,8 @@ ModelConfig qwen3_config() {
 
 std::vector<float> run(const Model& m, std::unique_ptr<AttentionPolicy> policy, int n_prompt, int n_decode,
                        int chunk = 16, int block_size = 8) {
-  EngineOptions o{.threads = 1, .block_size_tokens = block_size, .prefill_chunk_tokens = chunk};
-  Engine e(m, o);
-  const auto tokens = random_tokens(n_prompt + n_decode, kVocab, 7);
-  SeqId s = e.start_sequence(std::move(policy));
-  std::vector<float> all, lg;
-  EXPECT_EQ(e.prefill(s, std::span(tokens).first(n_prompt), lg, true, /*prompt_end=*/true), StepStatus::kOk);
-  all = lg;
-  for (int i = n_prompt; i < n_prompt + n_decode; ++i) {
-    EXPECT_EQ(e.decode(std::span(&s, 1), std::span(&tokens[i], 1), lg), StepStatus::kOk);
-    all.insert(all.end(), lg.begin(), lg.end());
-  }
-  for (float v : all) EXPECT_TRUE(std::isfinite(v));
-  return all;
+  return prompt_then_decode(m, std::move(policy), random_tokens(n_prompt + n_decode, kVocab, 7), n_prompt,
+                            block_size, chunk);
 }
 
 float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {

@@ -4,7 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
+#include <memory>
 #include <random>
 #include <span>
 #include <vector>
@@ -65,6 +67,27 @@ inline std::vector<float> decode_logits(const Model& m, const std::vector<int32_
     EXPECT_EQ(e.decode(std::span(&s, 1), std::span(&t, 1), lg), StepStatus::kOk);
     all.insert(all.end(), lg.begin(), lg.end());
   }
+  return all;
+}
+
+// Logits [n_prompt + rest, vocab] of `tokens` under `policy`: the first n_prompt prefilled in
+// chunks of `chunk` (the last one marked as the prompt's end), the rest decoded one at a time; one
+// thread, blocks of `block_size` tokens. Every logit must be finite.
+inline std::vector<float> prompt_then_decode(const Model& m, std::unique_ptr<AttentionPolicy> policy,
+                                             const std::vector<int32_t>& tokens, int n_prompt, int block_size,
+                                             int chunk) {
+  EngineOptions o = one_thread(block_size);
+  o.prefill_chunk_tokens = chunk;
+  Engine e(m, o);
+  SeqId s = e.start_sequence(std::move(policy));
+  std::vector<float> all, lg;
+  EXPECT_EQ(e.prefill(s, std::span(tokens).first(n_prompt), lg, true, /*prompt_end=*/true), StepStatus::kOk);
+  all = lg;
+  for (size_t i = n_prompt; i < tokens.size(); ++i) {
+    EXPECT_EQ(e.decode(std::span(&s, 1), std::span(&tokens[i], 1), lg), StepStatus::kOk);
+    all.insert(all.end(), lg.begin(), lg.end());
+  }
+  for (float v : all) EXPECT_TRUE(std::isfinite(v));
   return all;
 }
 
