@@ -59,6 +59,33 @@ void check_layout(const unsigned char* body, uint64_t size, size_t off_size, con
     if (read_le(body + 3 + off_size + 4 * i, 4) == 0) refuse("whose chunk size ", i, " is 0");
 }
 
+// The fill value a fill value message (IV.A.2.f: version 1 or 2 {version, allocation time, write
+// time, defined; when defined, u32 size and the value}, version 3 {version, flags; when flags bit
+// 5, u32 size and the value}) or an old fill value message (IV.A.2.e: {u32 size, value}) defines
+// must fit the message, as libhdf5 1.10.8 decodes it: it reads the dataset's filter pipeline
+// first and leaks it when the fill value then fails to decode
+// (fuzz_results, LeakSanitizer, 128 bytes under H5Dopen2 -> H5D__layout_oh_read: a defined byte
+// of 2 before a size of 256 in an 8-byte message).
+void check_fill_value(uint64_t type, const unsigned char* body, uint64_t size, const std::string& in, uint64_t header) {
+  uint64_t at = 0;  // where the value's u32 size is
+  if (type == 0x04) {
+    at = 0;
+  } else if (size >= 4 && (body[0] == 1 || body[0] == 2)) {
+    if (body[3] == 0) return;
+    at = 4;
+  } else if (size >= 2 && body[0] == 3) {
+    if (!(body[1] & 0x20)) return;
+    at = 2;
+  } else {
+    fail(in, ": the object header at byte ", header, " has a fill value message of version ",
+         size ? unsigned(body[0]) : 0u, " in ", size, " bytes, which libhdf5 does not write (corrupt file?)");
+  }
+  const uint64_t value = size >= at + 4 ? read_le(body + at, 4) : 0;
+  if (size < at + 4 || value > size - at - 4)
+    fail(in, ": the object header at byte ", header, " has a fill value of ", value, " bytes that does not fit its ",
+         size, "-byte message (corrupt file?)");
+}
+
 // The number of elements of a dataspace message (IV.A.2.b): version 1 {1, rank, flags, 5 reserved,
 // rank sizes} or 2 {2, rank, flags, type: 0 scalar, 1 simple, 2 null; rank sizes}, each size
 // `len_size` bytes; rank 0 is a scalar (1 element). Nothing when the message is too short or the
@@ -211,6 +238,7 @@ void check_object_headers(const fs::path& path) {
         datatype |= type == 0x03;
         layout |= type == 0x08;
         if (type == 0x08) check_layout(body, size, off, in, at);
+        if (type == 0x04 || type == 0x05) check_fill_value(type, body, size, in, at);
         if (type == 0x01 && size >= 2) {
           rank = body[1];  // dataspace {version, rank, ...}
           elements = dataspace_elements(body, size, len, n);

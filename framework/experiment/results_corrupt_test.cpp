@@ -323,6 +323,41 @@ TEST(Results, ChunkedDatasetWhoseElementsOrChunksLibhdf5CannotHoldIsRefused) {
   fs::remove_all(path.parent_path());
 }
 
+// fuzz_results (LeakSanitizer, 2026-12-07: 128 bytes under H5Dopen2 -> H5D__layout_oh_read, 29,299
+// executions): a cell dataset's fill value message {version 2, allocation time 3, write time 2,
+// defined 1, u32 size 0} became {2, 3, 0, 2, size 256}; libhdf5 1.10.8 had read the filter
+// pipeline before it and leaks it when the fill value does not fit. Rebuilt from a file kvlab
+// writes: that message, one of an unknown version, and an old-style fill value message (type 4)
+// claiming more bytes than it holds are refused before libhdf5 opens the dataset.
+TEST(Results, FillValueThatDoesNotFitItsMessageIsRefused) {
+  const fs::path path = temp_path("fill.h5");
+  { ResultsFile::create(path, {}).write_cell("full", "ppl_T0", sample_cell()); }
+  const std::string bytes = file_bytes(path);
+  // {u16 type 5, u16 size 8, u8 flags 1, 3 reserved} then the body kvlab's datasets carry.
+  const std::string message("\x05\x00\x08\x00\x01\x00\x00\x00\x02\x03\x02\x01\x00\x00\x00\x00", 16);
+  const size_t fill = bytes.find(message);
+  ASSERT_NE(fill, std::string::npos) << "no fill value message";
+  ASSERT_NO_THROW(ResultsFile::open(path).read_cell("full", "ppl_T0"));
+  const struct {
+    std::string header_and_body;
+    std::string expected;
+  } cases[] = {
+      {std::string("\x05\x00\x08\x00\x01\x00\x00\x00\x02\x03\x00\x02\x00\x01\x00\x00", 16),
+       "has a fill value of 256 bytes that does not fit its 8-byte message"},
+      {std::string("\x05\x00\x08\x00\x01\x00\x00\x00\x07\x03\x02\x01\x00\x00\x00\x00", 16),
+       "has a fill value message of version 7 in 8 bytes"},
+      {std::string("\x04\x00\x08\x00\x01\x00\x00\x00\x05\x00\x00\x00\x00\x00\x00\x00", 16),
+       "has a fill value of 5 bytes that does not fit its 8-byte message"},
+  };
+  for (const auto& c : cases) {
+    std::string corrupt = bytes;
+    corrupt.replace(fill, 16, c.header_and_body);
+    write_file_bytes(path, corrupt);
+    expect_object_header_refused(path, [&] { ResultsFile::open(path).read_cell("full", "ppl_T0"); }, c.expected);
+  }
+  fs::remove_all(path.parent_path());
+}
+
 // fuzz_results (libFuzzer out-of-memory, 2026-12-07: 1.2 GB in 7.8M libhdf5 allocations under
 // read_cell): a cell dataset's extent became 16,515,071 int64 elements in 2-element chunks, none
 // stored; libhdf5 1.10.8 builds a record per chunk of the extent it reads. Rebuilt with the C++
