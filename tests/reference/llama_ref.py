@@ -161,10 +161,20 @@ def forward(cfg, w, tokens):
             s /= s.sum(axis=1, keepdims=True)
             out[:, head, :] = s @ v[:, kv, :]
         x = x + out.reshape(n, n_heads * hd) @ w[p + "self_attn.o_proj.weight"].T
-        h = rmsnorm(x, w[p + "post_attention_layernorm.weight"], eps)
-        g = h @ w[p + "mlp.gate_proj.weight"].T
-        u = h @ w[p + "mlp.up_proj.weight"].T
-        x = x + (g / (1 + np.exp(-g)) * u) @ w[p + "mlp.down_proj.weight"].T
+        x = swiglu_block(x, w, p, eps)
+    return lm_logits(cfg, w, x, eps)
+
+
+def swiglu_block(x, w, p, eps):
+    """x plus layer p's SwiGLU feed-forward of rmsnorm(x) * post_attention_layernorm."""
+    h = rmsnorm(x, w[p + "post_attention_layernorm.weight"], eps)
+    g = h @ w[p + "mlp.gate_proj.weight"].T
+    u = h @ w[p + "mlp.up_proj.weight"].T
+    return x + (g / (1 + np.exp(-g)) * u) @ w[p + "mlp.down_proj.weight"].T
+
+
+def lm_logits(cfg, w, x, eps):
+    """Logits of the final rmsnorm(x): lm_head, or the embeddings when tied (or absent)."""
     x = rmsnorm(x, w["model.norm.weight"], eps)
     lm = w.get("lm_head.weight")
     if lm is None or cfg.get("tie_word_embeddings", False):
@@ -241,20 +251,34 @@ def gemma_forward(cfg, w, tokens):
     return logits
 
 
-def main():
-    ap = argparse.ArgumentParser(description="numpy float64 reference forward pass (HF directory)")
+def reference_cli(description, script, add_args=None):
+    """The reference scripts' command line: --model DIR --tokens a,b,... --out FILE (and what
+    add_args(parser) adds). Returns (args, config, weights, token ids), the ids checked against
+    the vocabulary; the caller writes its logits with write_logits."""
+    ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--model", required=True, help="Hugging Face model directory")
     ap.add_argument("--tokens", required=True, help="comma-separated token ids, e.g. 1,2,3")
     ap.add_argument("--out", required=True, help="output: raw float32 [n_tokens, vocab]")
+    if add_args:
+        add_args(ap)
     args = ap.parse_args()
     cfg, w = load_hf(args.model)
     tokens = [int(t) for t in args.tokens.split(",") if t.strip()]
     vocab = cfg["vocab_size"]
     if not tokens or min(tokens) < 0 or max(tokens) >= vocab:
-        sys.exit(f"llama_ref.py: token ids must be in [0, {vocab})")
+        sys.exit(f"{script}: token ids must be in [0, {vocab})")
+    return args, cfg, w, tokens
+
+
+def write_logits(logits, path):
+    """Raw little-endian float32 [n_tokens, vocab]."""
+    logits.astype("<f4").tofile(path)
+
+
+def main():
+    args, cfg, w, tokens = reference_cli("numpy float64 reference forward pass (HF directory)", "llama_ref.py")
     gemma = cfg["architectures"][0] in ("Gemma2ForCausalLM", "Gemma3ForCausalLM")
-    logits = (gemma_forward if gemma else forward)(cfg, w, tokens)
-    logits.astype("<f4").tofile(args.out)
+    write_logits((gemma_forward if gemma else forward)(cfg, w, tokens), args.out)
 
 
 if __name__ == "__main__":

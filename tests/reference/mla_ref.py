@@ -37,7 +37,6 @@ P (c W_UV^T) = (P c) W_UV^T); mla_ref_test.py checks that, and more.
 MoE layers (n_routed_experts set and a layer past first_k_dense_replace) are refused.
 """
 
-import argparse
 import math
 import os
 import sys
@@ -45,7 +44,7 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from llama_ref import load_hf, rmsnorm  # noqa: E402
+from llama_ref import lm_logits, reference_cli, rmsnorm, swiglu_block, write_logits  # noqa: E402
 
 
 def yarn_m(scale, x):
@@ -137,31 +136,15 @@ def forward(cfg, w, tokens, mode="decompressed"):
         else:
             raise ValueError(f"unknown mode {mode}")
         x = x + out.reshape(n, H * vh) @ w[p + "o_proj.weight"].T
-        m = f"model.layers.{i}."
-        h = rmsnorm(x, w[m + "post_attention_layernorm.weight"], eps)
-        g = h @ w[m + "mlp.gate_proj.weight"].T
-        u = h @ w[m + "mlp.up_proj.weight"].T
-        x = x + (g / (1 + np.exp(-g)) * u) @ w[m + "mlp.down_proj.weight"].T
-    x = rmsnorm(x, w["model.norm.weight"], eps)
-    lm = w.get("lm_head.weight")
-    if lm is None or cfg.get("tie_word_embeddings", False):
-        lm = w["model.embed_tokens.weight"]
-    return x @ lm.T
+        x = swiglu_block(x, w, f"model.layers.{i}.", eps)
+    return lm_logits(cfg, w, x, eps)
 
 
 def main():
-    ap = argparse.ArgumentParser(description="numpy float64 MLA reference forward pass (HF directory)")
-    ap.add_argument("--model", required=True, help="Hugging Face model directory")
-    ap.add_argument("--tokens", required=True, help="comma-separated token ids, e.g. 1,2,3")
-    ap.add_argument("--out", required=True, help="output: raw float32 [n_tokens, vocab]")
-    ap.add_argument("--mode", default="decompressed", choices=["decompressed", "absorbed"])
-    args = ap.parse_args()
-    cfg, w = load_hf(args.model)
-    tokens = [int(t) for t in args.tokens.split(",") if t.strip()]
-    vocab = cfg["vocab_size"]
-    if not tokens or min(tokens) < 0 or max(tokens) >= vocab:
-        sys.exit(f"mla_ref.py: token ids must be in [0, {vocab})")
-    forward(cfg, w, tokens, args.mode).astype("<f4").tofile(args.out)
+    args, cfg, w, tokens = reference_cli(
+        "numpy float64 MLA reference forward pass (HF directory)", "mla_ref.py",
+        lambda ap: ap.add_argument("--mode", default="decompressed", choices=["decompressed", "absorbed"]))
+    write_logits(forward(cfg, w, tokens, args.mode), args.out)
 
 
 if __name__ == "__main__":
