@@ -56,6 +56,21 @@ void normalize_ranges(std::vector<PosRange>& ranges, int64_t limit);
 void add_position_ranges(const CacheScan& scan, int h, std::span<const PosRange> ranges,
                          KeySelection& out);
 
+// Fills `out` with one list per (new query row, KV head): the slots of the normalized position
+// ranges ranges_for(i, h) gives (a span of PosRange) for the query at text position i on head h.
+template <class RangesFor>
+void select_position_ranges(const LayerStep& step, int n_kv_heads, KeySelection& out, RangesFor&& ranges_for) {
+  const CacheScan scan(*step.cache, n_kv_heads);
+  out.begin(step.n_new, n_kv_heads);
+  for (int r = 0; r < step.n_new; ++r) {
+    const int64_t i = step.positions[r];
+    for (int h = 0; h < n_kv_heads; ++h) {
+      add_position_ranges(scan, h, ranges_for(i, h), out);
+      out.close_list();
+    }
+  }
+}
+
 // Text positions seen so far after this step: last new position + 1.
 inline int64_t tokens_seen(const LayerStep& step) {
   return step.positions.empty() ? 0 : step.positions.back() + 1;

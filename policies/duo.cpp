@@ -52,21 +52,17 @@ class DuoPolicy final : public AttentionPolicy {
   }
 
   void select(const LayerStep& step, KeySelection& out) override {
-    const CacheScan scan(*step.cache, n_kv_);
-    out.begin(step.n_new, n_kv_);
-    for (int r = 0; r < step.n_new; ++r) {
-      const int64_t i = step.positions[r];
-      std::vector<PosRange> all{{0, i + 1}};
-      std::vector<PosRange> streaming{{0, sinks_}, {i - recent_, i + 1}};
-      normalize_ranges(streaming, i + 1);
-      for (int h = 0; h < n_kv_; ++h) {
-        // With a budget, streaming heads read what they hold (the budget moves with n; the
-        // eviction below keeps them to it).
-        const bool reads_all = is_retrieval(step.layer, h) || budget_.limited();
-        add_position_ranges(scan, h, reads_all ? all : streaming, out);
-        out.close_list();
+    select_position_ranges(step, n_kv_, out, [&](int64_t i, int h) {
+      // With a budget, streaming heads read what they hold (the budget moves with n; the
+      // eviction below keeps them to it).
+      if (is_retrieval(step.layer, h) || budget_.limited()) {
+        ranges_.assign({{0, i + 1}});
+      } else {
+        ranges_.assign({{0, sinks_}, {i - recent_, i + 1}});
+        normalize_ranges(ranges_, i + 1);
       }
-    }
+      return std::span<const PosRange>(ranges_);
+    });
   }
 
   void after_attention(const LayerStep& step, const StepStats&, Evictions& out) override {
@@ -118,6 +114,7 @@ class DuoPolicy final : public AttentionPolicy {
   TokenBudget budget_;
   int64_t n_retrieval_ = 0, n_pairs_ = 0;
   std::vector<int32_t> slots_;  // scratch
+  std::vector<PosRange> ranges_;  // scratch
 };
 
 // retrieval_fraction with -1 (auto) resolved; Error for any other negative value.

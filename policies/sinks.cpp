@@ -49,17 +49,11 @@ class SinksPolicy final : public AttentionPolicy {
   }
 
   void select(const LayerStep& step, KeySelection& out) override {
-    const CacheScan scan(*step.cache, step.shape.n_kv_heads);
-    out.begin(step.n_new, step.shape.n_kv_heads);
-    for (int r = 0; r < step.n_new; ++r) {
-      const int64_t i = step.positions[r];
-      std::vector<PosRange> ranges{{0, sinks_}, {i - recent_at(i), i + 1}};
-      normalize_ranges(ranges, i + 1);
-      for (int h = 0; h < step.shape.n_kv_heads; ++h) {
-        add_position_ranges(scan, h, ranges, out);
-        out.close_list();
-      }
-    }
+    select_position_ranges(step, step.shape.n_kv_heads, out, [&](int64_t i, int) {
+      ranges_.assign({{0, sinks_}, {i - recent_at(i), i + 1}});
+      normalize_ranges(ranges_, i + 1);
+      return std::span<const PosRange>(ranges_);
+    });
   }
 
   void after_attention(const LayerStep& step, const StepStats&, Evictions& out) override {
@@ -96,6 +90,7 @@ class SinksPolicy final : public AttentionPolicy {
   bool cache_positions_;
   TokenBudget budget_;
   std::vector<int32_t> slots_;  // scratch
+  std::vector<PosRange> ranges_;  // scratch
 };
 
 }  // namespace

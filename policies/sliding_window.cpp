@@ -41,16 +41,11 @@ class SlidingWindowPolicy final : public AttentionPolicy {
   }
 
   void select(const LayerStep& step, KeySelection& out) override {
-    const CacheScan scan(*step.cache, step.shape.n_kv_heads);
-    out.begin(step.n_new, step.shape.n_kv_heads);
-    for (int r = 0; r < step.n_new; ++r) {
-      const int64_t i = step.positions[r];
-      const PosRange range{first_readable(i), i + 1};
-      for (int h = 0; h < step.shape.n_kv_heads; ++h) {
-        add_position_ranges(scan, h, {&range, 1}, out);
-        out.close_list();
-      }
-    }
+    PosRange range;
+    select_position_ranges(step, step.shape.n_kv_heads, out, [&](int64_t i, int) {
+      range = {first_readable(i), i + 1};
+      return std::span<const PosRange>(&range, 1);
+    });
   }
 
   void after_attention(const LayerStep& step, const StepStats&, Evictions& out) override {

@@ -52,27 +52,21 @@ class StridedPolicy final : public AttentionPolicy {
   explicit StridedPolicy(const StridedConfig& c) : c_(c) {}
 
   void select(const LayerStep& step, KeySelection& out) override {
-    const CacheScan scan(*step.cache, step.shape.n_kv_heads);
-    out.begin(step.n_new, step.shape.n_kv_heads);
-    for (int r = 0; r < step.n_new; ++r) {
-      const int64_t i = step.positions[r];
-      for (int h = 0; h < step.shape.n_kv_heads; ++h) {
-        ranges_.clear();
-        ranges_.push_back({0, c_.global});
-        const int64_t l = c_.stride;
-        if (c_.uses_a(step.layer, h))
-          ranges_.push_back(c_.fixed ? PosRange{i / l * l, i + 1} : PosRange{i - l + 1, i + 1});
-        if (c_.uses_b(step.layer, h)) {
-          if (c_.fixed)
-            for (int64_t b0 = 0; b0 <= i; b0 += l) ranges_.push_back({b0 + l - c_.summary, b0 + l});
-          else
-            for (int64_t j = i % l; j <= i; j += l) ranges_.push_back({j, j + 1});
-        }
-        normalize_ranges(ranges_, i + 1);
-        add_position_ranges(scan, h, ranges_, out);
-        out.close_list();
+    select_position_ranges(step, step.shape.n_kv_heads, out, [&](int64_t i, int h) {
+      ranges_.clear();
+      ranges_.push_back({0, c_.global});
+      const int64_t l = c_.stride;
+      if (c_.uses_a(step.layer, h))
+        ranges_.push_back(c_.fixed ? PosRange{i / l * l, i + 1} : PosRange{i - l + 1, i + 1});
+      if (c_.uses_b(step.layer, h)) {
+        if (c_.fixed)
+          for (int64_t b0 = 0; b0 <= i; b0 += l) ranges_.push_back({b0 + l - c_.summary, b0 + l});
+        else
+          for (int64_t j = i % l; j <= i; j += l) ranges_.push_back({j, j + 1});
       }
-    }
+      normalize_ranges(ranges_, i + 1);
+      return std::span<const PosRange>(ranges_);
+    });
   }
 
   void after_attention(const LayerStep& step, const StepStats&, Evictions& out) override {
