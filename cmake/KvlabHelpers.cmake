@@ -36,3 +36,15 @@ function(kvlab_add_test name)
     gtest_discover_tests(${name} DISCOVERY_TIMEOUT 60)
   endif()
 endfunction()
+
+# kvlab_add_python_test(NAME SCRIPT [ARGS a b ...] [PROPERTIES key value ...])
+# A test script (SCRIPT: relative to the source tree) run by Debian's /usr/bin/python3, whose
+# numpy, torch, h5py, ... scripts/setup.sh installs. PROPERTIES go to set_tests_properties
+# (single values only: a ';' list would be split).
+function(kvlab_add_python_test name script)
+  cmake_parse_arguments(ARG "" "" "ARGS;PROPERTIES" ${ARGN})
+  add_test(NAME ${name} COMMAND /usr/bin/python3 ${PROJECT_SOURCE_DIR}/${script} ${ARG_ARGS})
+  if(ARG_PROPERTIES)
+    set_tests_properties(${name} PROPERTIES ${ARG_PROPERTIES})
+  endif()
+endfunction()
