@@ -15,23 +15,31 @@ function(kvlab_add_library name)
   endif()
 endfunction()
 
-# kvlab_add_test(NAME SOURCES x_test.cpp DEPS lib ...)
+# kvlab_add_test(NAME SOURCES x_test.cpp DEPS lib ... [LABELS l] [FIXTURES f])
 # A GoogleTest executable registered with CTest. Tests find the source and build trees through
 # the compile definitions KVLAB_SOURCE_DIR / KVLAB_BINARY_DIR, and ../shared through the
-# environment variable KVLAB_SHARED_DIR (default: <source>/../shared).
+# environment variable KVLAB_SHARED_DIR (default: <source>/../shared). FIXTURES: the CTest
+# fixture its tests require (e.g. tiny_models, tests/CMakeLists.txt).
 function(kvlab_add_test name)
   if(NOT KVLAB_BUILD_TESTS)
     return()
   endif()
-  cmake_parse_arguments(ARG "" "" "SOURCES;DEPS;LABELS" ${ARGN})
+  cmake_parse_arguments(ARG "" "LABELS;FIXTURES" "SOURCES;DEPS" ${ARGN})
   add_executable(${name} ${ARG_SOURCES})
   target_link_libraries(${name} PRIVATE ${ARG_DEPS} GTest::gtest GTest::gtest_main)
   target_compile_definitions(${name} PRIVATE
     KVLAB_SOURCE_DIR="${PROJECT_SOURCE_DIR}"
     KVLAB_BINARY_DIR="${PROJECT_BINARY_DIR}")
   # (The paths come in as compile definitions: an ENVIRONMENT list here would be split at ';'.)
+  set(properties)
   if(ARG_LABELS)
-    gtest_discover_tests(${name} DISCOVERY_TIMEOUT 60 PROPERTIES LABELS "${ARG_LABELS}")
+    list(APPEND properties LABELS "${ARG_LABELS}")
+  endif()
+  if(ARG_FIXTURES)
+    list(APPEND properties FIXTURES_REQUIRED "${ARG_FIXTURES}")
+  endif()
+  if(properties)
+    gtest_discover_tests(${name} DISCOVERY_TIMEOUT 60 PROPERTIES ${properties})
   else()
     gtest_discover_tests(${name} DISCOVERY_TIMEOUT 60)
   endif()
