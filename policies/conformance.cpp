@@ -9,6 +9,7 @@
 #include "framework/engine/random_model.h"
 #include "kernels/common/masks.h"
 #include "kernels/testing/reference_attention.h"
+#include "kernels/testing/reference_dense.h"
 #include "policies/policy_testing.h"
 
 namespace kvlab::conformance {
@@ -505,23 +506,8 @@ std::vector<float> run_logits(Engine& e, std::unique_ptr<AttentionPolicy> p, con
 }
 
 namespace {
-std::vector<double> matvec(const std::vector<float>& w, int rows, int cols, const std::vector<double>& x) {
-  std::vector<double> y(rows, 0.0);
-  for (int r = 0; r < rows; ++r) {
-    const float* wr = w.data() + size_t(r) * cols;
-    for (int k = 0; k < cols; ++k) y[r] += double(wr[k]) * x[k];
-  }
-  return y;
-}
-
-std::vector<double> rmsnorm(const std::vector<double>& x, const std::vector<float>& w, double eps) {
-  double ss = 0;
-  for (double v : x) ss += v * v;
-  const double inv = 1.0 / std::sqrt(ss / double(x.size()) + eps);
-  std::vector<double> y(x.size());
-  for (size_t i = 0; i < x.size(); ++i) y[i] = x[i] * inv * w[i];
-  return y;
-}
+using testing::reference_matvec;
+using testing::reference_rmsnorm;
 
 // Interleaved RoPE (pairs 2i, 2i+1) at position pos, every head of x [n, hd].
 void rope(std::vector<double>& x, int n, int hd, double pos, double theta) {
@@ -550,10 +536,10 @@ std::vector<float> masked_reference(const Model& m, const std::vector<int32_t>& 
   for (size_t i = 0; i < tokens.size(); ++i) {
     std::vector<double> x(emb.begin() + size_t(tokens[i]) * c.dim, emb.begin() + size_t(tokens[i] + 1) * c.dim);
     for (int l = 0; l < c.n_layers; ++l) {
-      auto h = rmsnorm(x, m.layers[l].attn_norm, c.rms_eps);
-      auto q = matvec(w[l][0], nh * hd, c.dim, h);
-      auto k = matvec(w[l][1], nkv * hd, c.dim, h);
-      auto v = matvec(w[l][2], nkv * hd, c.dim, h);
+      auto h = reference_rmsnorm(x, m.layers[l].attn_norm, c.rms_eps);
+      auto q = reference_matvec(w[l][0], nh * hd, h);
+      auto k = reference_matvec(w[l][1], nkv * hd, h);
+      auto v = reference_matvec(w[l][2], nkv * hd, h);
       rope(q, nh, hd, double(i), c.rope_theta);
       rope(k, nkv, hd, double(i), c.rope_theta);
       K[l].push_back(k), V[l].push_back(v);
@@ -567,16 +553,16 @@ std::vector<float> masked_reference(const Model& m, const std::vector<int32_t>& 
             [&](int64_t j) { return mask(l, kh, int64_t(i), j); });
         for (int e = 0; e < hd; ++e) o[size_t(hq) * hd + e] = ref.out[e];
       }
-      auto ao = matvec(w[l][3], c.dim, nh * hd, o);
+      auto ao = reference_matvec(w[l][3], c.dim, o);
       for (int j = 0; j < c.dim; ++j) x[j] += ao[j];
-      h = rmsnorm(x, m.layers[l].ffn_norm, c.rms_eps);
-      auto g = matvec(w[l][4], c.hidden_dim, c.dim, h), u = matvec(w[l][5], c.hidden_dim, c.dim, h);
+      h = reference_rmsnorm(x, m.layers[l].ffn_norm, c.rms_eps);
+      auto g = reference_matvec(w[l][4], c.hidden_dim, h), u = reference_matvec(w[l][5], c.hidden_dim, h);
       for (int j = 0; j < c.hidden_dim; ++j) g[j] = g[j] / (1 + std::exp(-g[j])) * u[j];
-      auto dn = matvec(w[l][6], c.dim, c.hidden_dim, g);
+      auto dn = reference_matvec(w[l][6], c.dim, g);
       for (int j = 0; j < c.dim; ++j) x[j] += dn[j];
     }
-    auto h = rmsnorm(x, m.final_norm, c.rms_eps);
-    auto lg = matvec(head, c.vocab_size, c.dim, h);
+    auto h = reference_rmsnorm(x, m.final_norm, c.rms_eps);
+    auto lg = reference_matvec(head, c.vocab_size, h);
     logits.insert(logits.end(), lg.begin(), lg.end());
   }
   return logits;

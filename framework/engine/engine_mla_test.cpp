@@ -24,6 +24,7 @@
 #include "framework/engine/engine_testing.h"
 #include "framework/engine/logit_bound.h"
 #include "framework/engine/random_model.h"
+#include "kernels/testing/reference_dense.h"
 #include "policies/builtin.h"
 
 namespace kvlab {
@@ -57,22 +58,8 @@ std::vector<double> to_double(const WeightView& w) {
 }
 
 // y[rows] = W[rows, cols] x[cols]
-std::vector<double> matvec(const std::vector<double>& w, int64_t rows, const std::vector<double>& x) {
-  const int64_t cols = static_cast<int64_t>(x.size());
-  std::vector<double> y(rows, 0.0);
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t j = 0; j < cols; ++j) y[r] += w[r * cols + j] * x[j];
-  return y;
-}
-
-std::vector<double> rmsnorm(const std::vector<double>& x, const std::vector<float>& w, double eps) {
-  double ss = 0;
-  for (double v : x) ss += v * v;
-  const double inv = 1.0 / std::sqrt(ss / double(x.size()) + eps);
-  std::vector<double> y(x.size());
-  for (size_t i = 0; i < x.size(); ++i) y[i] = x[i] * inv * w[i];
-  return y;
-}
+using testing::reference_matvec;  // the fp64 dense pieces (kernels/testing/reference_dense.h)
+using testing::reference_rmsnorm;
 
 // Interleaved RoPE of x[d] at pos: pair (2i, 2i+1) by pos * theta^(-2i/d).
 void rope(double* x, int d, int64_t pos, double theta) {
@@ -101,14 +88,16 @@ std::vector<double> decompressed_logits(const Model& m, const std::vector<int32_
     // per token: q [H, qk], per-head K [H, qk] and V [H, vh]
     std::vector<std::vector<double>> q(n), k(n), v(n);
     for (int t = 0; t < n; ++t) {
-      const auto h = rmsnorm(x[t], w.attn_norm, c.rms_eps);
-      q[t] = c.q_lora_rank > 0 ? matvec(wq_b, int64_t(H) * qk, rmsnorm(matvec(wq_a, c.q_lora_rank, h), w.q_a_norm, c.rms_eps))
-                               : matvec(wq, int64_t(H) * qk, h);
-      const auto kva = matvec(wkv_a, r + rp, h);
-      const auto cl = rmsnorm(std::vector<double>(kva.begin(), kva.begin() + r), w.kv_a_norm, c.rms_eps);
+      const auto h = reference_rmsnorm(x[t], w.attn_norm, c.rms_eps);
+      q[t] = c.q_lora_rank > 0
+                 ? reference_matvec(wq_b, int64_t(H) * qk,
+                                    reference_rmsnorm(reference_matvec(wq_a, c.q_lora_rank, h), w.q_a_norm, c.rms_eps))
+                 : reference_matvec(wq, int64_t(H) * qk, h);
+      const auto kva = reference_matvec(wkv_a, r + rp, h);
+      const auto cl = reference_rmsnorm(std::vector<double>(kva.begin(), kva.begin() + r), w.kv_a_norm, c.rms_eps);
       std::vector<double> k_rope(kva.begin() + r, kva.end());
       rope(k_rope.data(), rp, t, c.rope_theta);
-      const auto kv = matvec(wkv_b, int64_t(H) * (nope + vh), cl);  // per head [k_nope ; v]
+      const auto kv = reference_matvec(wkv_b, int64_t(H) * (nope + vh), cl);  // per head [k_nope ; v]
       k[t].resize(size_t(H) * qk);
       v[t].resize(size_t(H) * vh);
       for (int hh = 0; hh < H; ++hh) {
@@ -133,20 +122,20 @@ std::vector<double> decompressed_logits(const Model& m, const std::vector<int32_
         for (int j = 0; j <= t; ++j)
           for (int i = 0; i < vh; ++i) att[size_t(hh) * vh + i] += s[j] / sum * v[j][size_t(hh) * vh + i];
       }
-      const auto o = matvec(wo, D, att);
+      const auto o = reference_matvec(wo, D, att);
       for (int i = 0; i < D; ++i) x[t][i] += o[i];
-      const auto h = rmsnorm(x[t], w.ffn_norm, c.rms_eps);
-      auto g = matvec(wg, c.hidden_dim, h);
-      const auto u = matvec(wu, c.hidden_dim, h);
+      const auto h = reference_rmsnorm(x[t], w.ffn_norm, c.rms_eps);
+      auto g = reference_matvec(wg, c.hidden_dim, h);
+      const auto u = reference_matvec(wu, c.hidden_dim, h);
       for (int i = 0; i < c.hidden_dim; ++i) g[i] = g[i] / (1 + std::exp(-g[i])) * u[i];
-      const auto f = matvec(wd, D, g);
+      const auto f = reference_matvec(wd, D, g);
       for (int i = 0; i < D; ++i) x[t][i] += f[i];
     }
   }
   const auto lm = to_double(m.lm_head);
   std::vector<double> out;
   for (int t = 0; t < n; ++t) {
-    const auto lg = matvec(lm, c.vocab_size, rmsnorm(x[t], m.final_norm, c.rms_eps));
+    const auto lg = reference_matvec(lm, c.vocab_size, reference_rmsnorm(x[t], m.final_norm, c.rms_eps));
     out.insert(out.end(), lg.begin(), lg.end());
   }
   return out;
