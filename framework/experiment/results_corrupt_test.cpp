@@ -82,8 +82,8 @@ TEST(Results, CorruptGlobalHeapIsRefusedBeforeHdf5ReadsIt) {
 // heap each claim more bytes than the file holds; each is refused by name before libhdf5 opens
 // the file, and the intact file opens. Also (LeakSanitizer, 56 bytes from H5FL_blk_malloc at
 // H5Fopen): a continuation message whose size says 0 bytes, which libhdf5 decodes anyway and
-// then leaks the chunk it was reading; and (the same leak, from H5C_load_entry) a continuation
-// whose chunk length is 0.
+// then leaks the chunk it was reading; (the same leak, from H5C_load_entry) a continuation
+// whose chunk length is 0; and (424 bytes, 2026-12-07) a chunk 0 whose messages do not tile it.
 TEST(Results, CorruptObjectHeaderOrHeapIsRefusedBeforeHdf5OpensIt) {
   const fs::path path = temp_path("ohdr.h5");
   { ResultsFile::create(path, {{"name", std::string("a string attribute")}, {"count", int64_t(3)}}); }
@@ -120,6 +120,10 @@ TEST(Results, CorruptObjectHeaderOrHeapIsRefusedBeforeHdf5OpensIt) {
   const uint16_t zero = 0;
   const uint64_t zero64 = 0;
   const std::string past_the_end = "past the end of the " + std::to_string(bytes.size()) + "-byte file";
+  // (fuzz_results, LeakSanitizer: 424 bytes from H5FL_reg_calloc under H5Fopen -> H5G_mkroot:
+  // an inserted byte shifted the root header's chunk size; its messages no longer tiled chunk 0.)
+  const uint32_t chunk0_short = chunk0 - 4, chunk0_long = chunk0 + 4;
+  const std::string at_chunk0 = "-byte chunk at byte " + std::to_string(root + 16);
   struct Corruption {
     size_t at;
     const void* value;
@@ -140,6 +144,11 @@ TEST(Results, CorruptObjectHeaderOrHeapIsRefusedBeforeHdf5OpensIt) {
        "the object header at byte " + std::to_string(root) + " has a chunk of 0 bytes at byte " +
            std::to_string(u64(continuation)),
        "which libhdf5 does not write"},
+      {root + 8, &chunk0_short, 4, "the object header at byte " + std::to_string(root) + " has a message of ",
+       "running past the end of its " + std::to_string(chunk0_short) + at_chunk0},
+      {root + 8, &chunk0_long, 4,
+       "the object header at byte " + std::to_string(root) + " ends its " + std::to_string(chunk0_long) + at_chunk0,
+       "with 4 bytes that hold no message"},
   };
   for (const Corruption& c : cases) {
     std::string corrupt = bytes;
