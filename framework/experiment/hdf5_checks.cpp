@@ -15,27 +15,6 @@ namespace kvlab::hdf5 {
 
 namespace fs = std::filesystem;
 
-// An attribute message (IV.A.2.m): version 1 {1, reserved, u16 name, datatype and dataspace
-// sizes, each part padded to 8}, 2 {2, flags, the three sizes, unpadded} or 3 {as 2, then the
-// name's character set}, then the name, datatype, dataspace and data. libhdf5 1.10.8 decodes the
-// parts by their sizes without comparing them with the message's (fuzz_results, ASan
-// heap-buffer-overflow in H5O__msg_iterate_real under H5Aexists), so they must fit it.
-void check_attribute_fits(const unsigned char* body, uint64_t size, const std::string& in, uint64_t header) {
-  if (size < 8 || body[0] < 1 || body[0] > 3) return;  // libhdf5 refuses these itself
-  const uint64_t name = read_le(body + 2, 2), type = read_le(body + 4, 2), space = read_le(body + 6, 2);
-  auto pad = [&](uint64_t v) { return body[0] == 1 ? (v + 7) / 8 * 8 : v; };
-  const uint64_t parts = (body[0] == 3 ? 9 : 8) + pad(name) + pad(type) + pad(space);
-  if (parts > size)
-    fail(in, ": the object header at byte ", header, " has an attribute message whose name, datatype and dataspace (",
-         parts, " bytes with its header) do not fit its ", size, " bytes (corrupt file?)");
-  // The name is copied with strdup: it must end inside its `name` bytes (the size counts the
-  // terminating NUL; fuzz_results, ASan heap-buffer-overflow in strdup under H5Aexists).
-  const unsigned char* text = body + (body[0] == 3 ? 9 : 8);
-  if (std::memchr(text, 0, name) == nullptr)
-    fail(in, ": the object header at byte ", header, " has an attribute message whose name does not end within its ",
-         name, " bytes (corrupt file?)");
-}
-
 namespace {
 
 // A data layout message (IV.A.2.i) as libhdf5 1.10.8 writes it by default: version 3, class 0
@@ -124,6 +103,42 @@ std::optional<Superblock> read_superblock(const unsigned char* d, size_t n) {
 }
 
 }  // namespace
+
+// An attribute message (IV.A.2.m): version 1 {1, reserved, u16 name, datatype and dataspace
+// sizes, each part padded to 8}, 2 {2, flags, the three sizes, unpadded} or 3 {as 2, then the
+// name's character set}, then the name, datatype, dataspace and data. libhdf5 1.10.8 decodes the
+// parts by their sizes without comparing them with the message's (fuzz_results, ASan
+// heap-buffer-overflow in H5O__msg_iterate_real under H5Aexists), so they must fit it; and it
+// copies the dataspace's elements times the datatype's size of data out of the message without
+// comparing that with what the message holds (the same report, 2026-12-07: an 8-byte integer
+// attribute whose datatype said 48 bytes), so the data must fit too.
+void check_attribute_fits(const unsigned char* body, uint64_t size, size_t len_size, uint64_t file_bytes,
+                          const std::string& in, uint64_t header) {
+  if (size < 8 || body[0] < 1 || body[0] > 3) return;  // libhdf5 refuses these itself
+  const uint64_t name = read_le(body + 2, 2), type = read_le(body + 4, 2), space = read_le(body + 6, 2);
+  auto pad = [&](uint64_t v) { return body[0] == 1 ? (v + 7) / 8 * 8 : v; };
+  const uint64_t prefix = body[0] == 3 ? 9 : 8;
+  const uint64_t parts = prefix + pad(name) + pad(type) + pad(space);
+  if (parts > size)
+    fail(in, ": the object header at byte ", header, " has an attribute message whose name, datatype and dataspace (",
+         parts, " bytes with its header) do not fit its ", size, " bytes (corrupt file?)");
+  // The name is copied with strdup: it must end inside its `name` bytes (the size counts the
+  // terminating NUL; fuzz_results, ASan heap-buffer-overflow in strdup under H5Aexists).
+  const unsigned char* text = body + prefix;
+  if (std::memchr(text, 0, name) == nullptr)
+    fail(in, ": the object header at byte ", header, " has an attribute message whose name does not end within its ",
+         name, " bytes (corrupt file?)");
+  // The data: elements x element size, each part as libhdf5 reads it (datatype {class and
+  // version, 3 bytes of bit field, u32 size, ...}); what libhdf5 refuses itself is left to it.
+  const unsigned char* datatype = text + pad(name);
+  const std::optional<uint64_t> elements = dataspace_elements(datatype + pad(type), space, len_size, file_bytes);
+  if (type < 8 || !elements) return;
+  const uint64_t element_bytes = read_le(datatype + 4, 4), data = size - parts;
+  if (element_bytes != 0 && *elements > data / element_bytes)
+    fail(in, ": the object header at byte ", header, " has an attribute message whose data (", *elements,
+         " elements of ", element_bytes, " bytes) does not fit its ", data, " bytes (corrupt file?)");
+}
+
 
 // libhdf5 1.10 trusts the object sizes inside a global heap collection (where variable-length
 // strings live): a corrupt size makes H5HG_read copy past the collection (found by

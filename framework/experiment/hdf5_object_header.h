@@ -19,12 +19,10 @@ inline uint64_t read_le(const unsigned char* p, size_t bytes) {
   return v;
 }
 
-// An attribute message (IV.A.2.m): version 1 {1, reserved, u16 name, datatype and dataspace
-// sizes, each part padded to 8}, 2 {2, flags, the three sizes, unpadded} or 3 {as 2, then the
-// name's character set}, then the name, datatype, dataspace and data. libhdf5 1.10.8 decodes the
-// parts by their sizes without comparing them with the message's (fuzz_results, ASan
-// heap-buffer-overflow in H5O__msg_iterate_real under H5Aexists), so they must fit it.
-void check_attribute_fits(const unsigned char* body, uint64_t size, const std::string& in, uint64_t header);
+// An attribute message's name, datatype, dataspace and data must fit it (hdf5_checks.cpp says why);
+// len_size: the file's size of lengths, file_bytes its size.
+void check_attribute_fits(const unsigned char* body, uint64_t size, size_t len_size, uint64_t file_bytes,
+                          const std::string& in, uint64_t header);
 
 // The version-1 object header at `addr`: its chunks (chunk 0 after the 16-byte prefix, then each
 // continuation message's {offset, length}) as libhdf5 1.10.8 loads them, calling
@@ -70,7 +68,7 @@ void walk_object_header(const unsigned char* d, size_t n, uint64_t addr, size_t 
         if (chunks.size() == 4096) fail(in, ": an object header continues more than 4096 times (corrupt file?)");
         chunks.emplace_back(read_le(d + body, off_size), read_le(d + body + off_size, len_size));
       }
-      if (type == 0x0C) check_attribute_fits(d + body, size, in, addr);
+      if (type == 0x0C) check_attribute_fits(d + body, size, len_size, n, in, addr);
       on_message(type, d + body, size, d[p + 4]);
       p = body + size;
     }

@@ -332,6 +332,30 @@ TEST(Results, ChunkedDatasetWhoseElementsOrChunksLibhdf5CannotHoldIsRefused) {
   fs::remove_all(path.parent_path());
 }
 
+// fuzz_results (ASan heap-buffer-overflow, 2026-12-07: a 48-byte read past a 168-byte chunk
+// image in H5O__msg_iterate_real under H5Aexists, 41,231 executions): the root attribute
+// 'schema_version' (one 8-byte integer) had a datatype of 48-byte integers; libhdf5 1.10.8
+// copies elements x datatype size of data out of the message without comparing it with what the
+// message holds. Rebuilt from a file kvlab writes: refused at open naming the attribute message.
+TEST(Results, AttributeDataThatDoesNotFitItsMessageIsRefused) {
+  const fs::path path = temp_path("attr_data.h5");
+  { ResultsFile::create(path, {}); }
+  const std::string bytes = file_bytes(path);
+  ASSERT_NO_THROW(ResultsFile::open(path));
+  // The v1 attribute message: {1, 0, u16 name size 15, u16 datatype size, u16 dataspace size},
+  // the name padded to 16 bytes, then the datatype {0x10: class 0 (integer) version 1, bit field,
+  // u32 size 8, ...}.
+  const size_t name = bytes.find(std::string("schema_version\0", 15));
+  ASSERT_NE(name, std::string::npos);
+  ASSERT_EQ(bytes.compare(name + 16, 8, std::string("\x10\x08\x00\x00\x08\x00\x00\x00", 8)), 0);
+  std::string corrupt = bytes;
+  corrupt[name + 16 + 4] = 48;
+  write_file_bytes(path, corrupt);
+  expect_object_header_refused(path, [&] { ResultsFile::open(path); },
+                               "has an attribute message whose data (1 elements of 48 bytes) does not fit its 8 bytes");
+  fs::remove_all(path.parent_path());
+}
+
 // fuzz_results (LeakSanitizer, 2026-12-07: 128 bytes under H5Dopen2 -> H5D__layout_oh_read, 29,299
 // executions): a cell dataset's fill value message {version 2, allocation time 3, write time 2,
 // defined 1, u32 size 0} became {2, 3, 0, 2, size 256}; libhdf5 1.10.8 had read the filter
