@@ -356,6 +356,43 @@ TEST(Results, AttributeDataThatDoesNotFitItsMessageIsRefused) {
   fs::remove_all(path.parent_path());
 }
 
+// Found reading libhdf5 after the finding above: every datatype kvlab writes is an integer, a
+// float or a (variable-length) string; a datatype of another class (compound, array, enum, ...)
+// would only reach libhdf5's decoders for those, and is refused first — in an attribute message
+// and in a dataset's datatype message.
+TEST(Results, DatatypeOfAClassKvlabDoesNotWriteIsRefused) {
+  const fs::path path = temp_path("dtype_class.h5");
+  { ResultsFile::create(path, {}).write_cell("full", "ppl_T0", sample_cell()); }
+  const std::string bytes = file_bytes(path);
+  ASSERT_NO_THROW(ResultsFile::open(path).read_cell("full", "ppl_T0"));
+  const size_t name = bytes.find(std::string("schema_version\0", 15));
+  ASSERT_NE(name, std::string::npos);
+  ASSERT_EQ(bytes[name + 16], '\x10');  // integer, version 1
+  // A float datatype message {u16 type 3, u16 size, u8 flags, 3 reserved} {0x11: float, version
+  // 1; ...; u32 size 4}: the 'nll' dataset's.
+  size_t type = std::string::npos;
+  for (size_t p = 0; p + 16 <= bytes.size() && type == std::string::npos; ++p)
+    if (bytes.compare(p, 2, "\x03\x00", 2) == 0 && bytes.compare(p + 5, 3, "\0\0\0", 3) == 0 && bytes[p + 8] == 0x11 &&
+        bytes.compare(p + 12, 4, "\x04\0\0\0", 4) == 0)
+      type = p + 8;
+  ASSERT_NE(type, std::string::npos) << "no float datatype message";
+  const struct {
+    size_t at;
+    char value;
+    std::string expected;
+  } cases[] = {
+      {name + 16, '\x16', "has a datatype of class 6, which kvlab does not write"},        // compound
+      {type, '\x1a', "has a datatype of class 10, which kvlab does not write"},            // array
+  };
+  for (const auto& c : cases) {
+    std::string corrupt = bytes;
+    corrupt[c.at] = c.value;
+    write_file_bytes(path, corrupt);
+    expect_object_header_refused(path, [&] { ResultsFile::open(path).read_cell("full", "ppl_T0"); }, c.expected);
+  }
+  fs::remove_all(path.parent_path());
+}
+
 // fuzz_results (LeakSanitizer, 2026-12-07: 128 bytes under H5Dopen2 -> H5D__layout_oh_read, 29,299
 // executions): a cell dataset's fill value message {version 2, allocation time 3, write time 2,
 // defined 1, u32 size 0} became {2, 3, 0, 2, size 256}; libhdf5 1.10.8 had read the filter
