@@ -80,6 +80,33 @@ void check_datatype_class(const unsigned char* body, uint64_t size, const std::s
          cls == 9 ? " (a sequence)" : "", ", which kvlab does not write (corrupt file?)");
 }
 
+// A filter pipeline message (IV.A.2.l) of the filters kvlab writes: deflate (1) and shuffle (2).
+// Version 1 {1, n filters, 6 reserved} then per filter {u16 id, u16 name length, u16 flags, u16 n
+// values, the name padded to 8, n u32 values padded to 8}; version 2 {2, n filters} then {u16 id,
+// u16 name length only when id >= 256, u16 flags, u16 n values, the name unpadded, the values}.
+// Other filters (szip, nbit, scale-offset, fletcher32, plugins) would reach libhdf5's decoders for
+// their parameters and data, which kvlab has no use for: refused, as is a pipeline that does not
+// fit its message.
+void check_filter_pipeline(const unsigned char* body, uint64_t size, const std::string& in, uint64_t header) {
+  auto refuse = [&](const auto&... why) {
+    fail(in, ": the object header at byte ", header, " has a filter pipeline ", why..., " (corrupt file?)");
+  };
+  if (size < 2 || (body[0] != 1 && body[0] != 2)) refuse("of version ", size ? unsigned(body[0]) : 0u);
+  const bool v1 = body[0] == 1;
+  uint64_t p = v1 ? 8 : 2;
+  for (unsigned f = 0; f < body[1]; ++f) {
+    if (p + 2 > size) refuse("that does not fit its ", size, "-byte message");
+    const uint64_t id = read_le(body + p, 2);
+    if (id != 1 && id != 2) refuse("with filter ", id, ", which kvlab does not write (deflate 1, shuffle 2 only)");
+    const bool named = v1 || id >= 256;
+    if (p + (named ? 8 : 6) > size) refuse("that does not fit its ", size, "-byte message");
+    const uint64_t name = named ? read_le(body + p + 2, 2) : 0;
+    const uint64_t values = read_le(body + p + (named ? 6 : 4), 2);
+    p += (named ? 8 : 6) + (v1 ? (name + 7) / 8 * 8 : name) + 4 * values + (v1 && values % 2 ? 4 : 0);
+    if (p > size) refuse("that does not fit its ", size, "-byte message");
+  }
+}
+
 // The number of elements of a dataspace message (IV.A.2.b): version 1 {1, rank, flags, 5 reserved,
 // rank sizes} or 2 {2, rank, flags, type: 0 scalar, 1 simple, 2 null; rank sizes}, each size
 // `len_size` bytes; rank 0 is a scalar (1 element). Nothing when the message is too short or the
@@ -305,6 +332,7 @@ void check_object_headers(const fs::path& path) {
             }
           }
         } else if (type == 0x0B) {  // filter pipeline
+          check_filter_pipeline(body, size, in, at);
           filtered = true;
         }
       });

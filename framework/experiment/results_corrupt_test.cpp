@@ -393,6 +393,35 @@ TEST(Results, DatatypeOfAClassKvlabDoesNotWriteIsRefused) {
   fs::remove_all(path.parent_path());
 }
 
+// Likewise the filters: kvlab's datasets are shuffled and deflated; a pipeline naming another
+// filter (szip, nbit, scale-offset, ...) or of another version is refused before libhdf5 decodes
+// its parameters or runs it on chunk data.
+TEST(Results, FilterKvlabDoesNotWriteIsRefused) {
+  const fs::path path = temp_path("filters.h5");
+  { ResultsFile::create(path, {}).write_cell("full", "ppl_T0", sample_cell()); }
+  const std::string bytes = file_bytes(path);
+  ASSERT_NO_THROW(ResultsFile::open(path).read_cell("full", "ppl_T0"));
+  // {u16 type 11, u16 size 48, u8 flags, 3 reserved} {version 1, 2 filters, 6 reserved} {u16 id 2
+  // (shuffle), ...}: the first filter pipeline message.
+  const size_t pipeline = bytes.find(std::string("\x0b\x00\x30\x00\x01\x00\x00\x00\x01\x02\0\0\0\0\0\0\x02\x00", 18));
+  ASSERT_NE(pipeline, std::string::npos);
+  const struct {
+    size_t at;
+    char value;
+    std::string expected;
+  } cases[] = {
+      {pipeline + 16, '\x04', "has a filter pipeline with filter 4, which kvlab does not write"},  // szip
+      {pipeline + 8, '\x03', "has a filter pipeline of version 3"},
+  };
+  for (const auto& c : cases) {
+    std::string corrupt = bytes;
+    corrupt[c.at] = c.value;
+    write_file_bytes(path, corrupt);
+    expect_object_header_refused(path, [&] { ResultsFile::open(path).read_cell("full", "ppl_T0"); }, c.expected);
+  }
+  fs::remove_all(path.parent_path());
+}
+
 // fuzz_results (LeakSanitizer, 2026-12-07: 128 bytes under H5Dopen2 -> H5D__layout_oh_read, 29,299
 // executions): a cell dataset's fill value message {version 2, allocation time 3, write time 2,
 // defined 1, u32 size 0} became {2, 3, 0, 2, size 256}; libhdf5 1.10.8 had read the filter
