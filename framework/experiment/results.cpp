@@ -99,11 +99,10 @@ void check_elements(uint64_t n, uint64_t bytes_per_file_byte, uint64_t slack_byt
          " bytes can hold (corrupt file?)");
 }
 
-// libhdf5 1.10.8 builds one chunk record (~150 bytes) for every chunk of the extent a read
-// covers, stored in the file or not (fuzz_results, libFuzzer OOM: a 132 KB file whose dataset of
-// 16,515,071 elements in 2-element chunks, allowed by check_elements, made 8.3M records, 1.2 GB).
-// kvlab writes every chunk of its datasets, each costing the file at least a 24-byte B-tree
-// entry, so a chunked extent of more than file bytes / 16 chunks (+4096) is refused before the read.
+// libhdf5 1.10.8 builds a chunk record (~150 bytes) for every chunk of the extent a read covers,
+// stored or not (fuzz_results, libFuzzer OOM: 16,515,071 elements in 2-element chunks in a 132 KB
+// file, allowed by check_elements, made 8.3M records, 1.2 GB). kvlab stores every chunk, each at
+// least a 24-byte B-tree entry: an extent of more than file bytes / 16 (+4096) chunks is refused.
 void check_chunks(const H5::DataSet& in, const std::vector<hsize_t>& dims, const std::string& what) {
   const hid_t plist = H5Dget_create_plist(in.getId());
   if (plist < 0) fail(file_prefix(in.getId()), what, " has an unreadable creation property list (corrupt file?)");

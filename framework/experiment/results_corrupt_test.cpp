@@ -258,9 +258,7 @@ TEST(Results, UnfilteredChunkOfTheWrongSizeIsRefusedBeforeHdf5ReadsIt) {
 // dataset; the intact file reads.
 TEST(Results, DataLayoutLibhdf5DoesNotWriteIsRefused) {
   const fs::path path = temp_path("layout.h5");
-  { ResultsFile::create(path, {}).write_cell("full", "ppl_T0", sample_cell()); }
-  const std::string bytes = file_bytes(path);
-  EXPECT_NO_THROW(ResultsFile::open(path).read_cell("full", "ppl_T0"));
+  const std::string bytes = sample_cell_file(path);
   // The first chunked layout message of a 1-D dataset: {u16 type 8, u16 size, u8 flags, 3
   // reserved} then {version 3, class 2, dimensionality 2, B-tree address, 2 u32 sizes}.
   size_t layout = std::string::npos;
@@ -279,15 +277,16 @@ TEST(Results, DataLayoutLibhdf5DoesNotWriteIsRefused) {
       {layout + 2, 3, "describes a dataset of rank 1 stored in chunks of rank 2"},
       {layout - 8, 0, "describes a dataset without a data layout message"},  // type 8 -> 0, a null message
   };
+  std::vector<std::pair<std::string, std::string>> files;
   for (const Corruption& c : cases) {
     std::string corrupt = bytes;
     std::memset(&corrupt[c.at], 0, c.at == layout + 3 + 8 ? 4 : 1);
     corrupt[c.at] = c.value;
     // A third chunk size for the rank-2 case, in the message's padding (its body is padded to 24 bytes).
     if (c.at == layout + 2) corrupt[layout + 3 + 8 + 8] = 1;
-    write_file_bytes(path, corrupt);
-    expect_object_header_refused(path, [&] { ResultsFile::open(path).read_cell("full", "ppl_T0"); }, c.expected);
+    files.emplace_back(corrupt, c.expected);
   }
+  expect_each_refused(path, files, [&] { ResultsFile::open(path).read_cell("full", "ppl_T0"); });
   fs::remove_all(path.parent_path());
 }
 
@@ -298,15 +297,8 @@ TEST(Results, DataLayoutLibhdf5DoesNotWriteIsRefused) {
 // more, are refused before libhdf5 opens the dataset.
 TEST(Results, ChunkedDatasetWhoseElementsOrChunksLibhdf5CannotHoldIsRefused) {
   const fs::path path = temp_path("element.h5");
-  { ResultsFile::create(path, {}).write_cell("full", "ppl_T0", sample_cell()); }
-  const std::string bytes = file_bytes(path);
-  // A float datatype message: {u16 type 3, u16 size, u8 flags, 3 reserved} {0x11: version 1,
-  // class 1; 3 bytes of bit field; u32 size 4, ...}: the chunked 'nll' dataset's.
-  size_t type = std::string::npos;
-  for (size_t p = 0; p + 16 <= bytes.size() && type == std::string::npos; ++p)
-    if (bytes.compare(p, 2, "\x03\x00", 2) == 0 && bytes.compare(p + 5, 3, "\0\0\0", 3) == 0 && bytes[p + 8] == 0x11 &&
-        bytes.compare(p + 12, 4, "\x04\0\0\0", 4) == 0)
-      type = p + 8;
+  const std::string bytes = sample_cell_file(path);
+  const size_t type = first_float_datatype(bytes);  // the chunked 'nll' dataset's
   ASSERT_NE(type, std::string::npos) << "no float datatype message";
   // The first chunked layout of a 1-D dataset (as in DataLayoutLibhdf5DoesNotWriteIsRefused).
   size_t layout = std::string::npos;
@@ -328,159 +320,6 @@ TEST(Results, ChunkedDatasetWhoseElementsOrChunksLibhdf5CannotHoldIsRefused) {
     std::memcpy(&corrupt[c.at], &c.value, 4);
     write_file_bytes(path, corrupt);
     expect_object_header_refused(path, [&] { ResultsFile::open(path).read_cell("full", "ppl_T0"); }, c.expected);
-  }
-  fs::remove_all(path.parent_path());
-}
-
-// fuzz_results (ASan heap-buffer-overflow, 2026-12-07: a 48-byte read past a 168-byte chunk
-// image in H5O__msg_iterate_real under H5Aexists, 41,231 executions): the root attribute
-// 'schema_version' (one 8-byte integer) had a datatype of 48-byte integers; libhdf5 1.10.8
-// copies elements x datatype size of data out of the message without comparing it with what the
-// message holds. Rebuilt from a file kvlab writes: refused at open naming the attribute message.
-TEST(Results, AttributeDataThatDoesNotFitItsMessageIsRefused) {
-  const fs::path path = temp_path("attr_data.h5");
-  { ResultsFile::create(path, {}); }
-  const std::string bytes = file_bytes(path);
-  ASSERT_NO_THROW(ResultsFile::open(path));
-  // The v1 attribute message: {1, 0, u16 name size 15, u16 datatype size, u16 dataspace size},
-  // the name padded to 16 bytes, then the datatype {0x10: class 0 (integer) version 1, bit field,
-  // u32 size 8, ...}.
-  const size_t name = bytes.find(std::string("schema_version\0", 15));
-  ASSERT_NE(name, std::string::npos);
-  ASSERT_EQ(bytes.compare(name + 16, 8, std::string("\x10\x08\x00\x00\x08\x00\x00\x00", 8)), 0);
-  std::string corrupt = bytes;
-  corrupt[name + 16 + 4] = 48;
-  write_file_bytes(path, corrupt);
-  expect_object_header_refused(path, [&] { ResultsFile::open(path); },
-                               "has an attribute message whose data (1 elements of 48 bytes) does not fit its 8 bytes");
-  fs::remove_all(path.parent_path());
-}
-
-// Found reading libhdf5 after the finding above: every datatype kvlab writes is an integer, a
-// float or a (variable-length) string; a datatype of another class (compound, array, enum, ...)
-// would only reach libhdf5's decoders for those, and is refused first — in an attribute message
-// and in a dataset's datatype message.
-TEST(Results, DatatypeOfAClassKvlabDoesNotWriteIsRefused) {
-  const fs::path path = temp_path("dtype_class.h5");
-  { ResultsFile::create(path, {}).write_cell("full", "ppl_T0", sample_cell()); }
-  const std::string bytes = file_bytes(path);
-  ASSERT_NO_THROW(ResultsFile::open(path).read_cell("full", "ppl_T0"));
-  const size_t name = bytes.find(std::string("schema_version\0", 15));
-  ASSERT_NE(name, std::string::npos);
-  ASSERT_EQ(bytes[name + 16], '\x10');  // integer, version 1
-  // A float datatype message {u16 type 3, u16 size, u8 flags, 3 reserved} {0x11: float, version
-  // 1; ...; u32 size 4}: the 'nll' dataset's.
-  size_t type = std::string::npos;
-  for (size_t p = 0; p + 16 <= bytes.size() && type == std::string::npos; ++p)
-    if (bytes.compare(p, 2, "\x03\x00", 2) == 0 && bytes.compare(p + 5, 3, "\0\0\0", 3) == 0 && bytes[p + 8] == 0x11 &&
-        bytes.compare(p + 12, 4, "\x04\0\0\0", 4) == 0)
-      type = p + 8;
-  ASSERT_NE(type, std::string::npos) << "no float datatype message";
-  const struct {
-    size_t at;
-    char value;
-    std::string expected;
-  } cases[] = {
-      {name + 16, '\x16', "has a datatype of class 6, which kvlab does not write"},        // compound
-      {type, '\x1a', "has a datatype of class 10, which kvlab does not write"},            // array
-  };
-  for (const auto& c : cases) {
-    std::string corrupt = bytes;
-    corrupt[c.at] = c.value;
-    write_file_bytes(path, corrupt);
-    expect_object_header_refused(path, [&] { ResultsFile::open(path).read_cell("full", "ppl_T0"); }, c.expected);
-  }
-  fs::remove_all(path.parent_path());
-}
-
-// Likewise the filters: kvlab's datasets are shuffled and deflated; a pipeline naming another
-// filter (szip, nbit, scale-offset, ...) or of another version is refused before libhdf5 decodes
-// its parameters or runs it on chunk data.
-TEST(Results, FilterKvlabDoesNotWriteIsRefused) {
-  const fs::path path = temp_path("filters.h5");
-  { ResultsFile::create(path, {}).write_cell("full", "ppl_T0", sample_cell()); }
-  const std::string bytes = file_bytes(path);
-  ASSERT_NO_THROW(ResultsFile::open(path).read_cell("full", "ppl_T0"));
-  // {u16 type 11, u16 size 48, u8 flags, 3 reserved} {version 1, 2 filters, 6 reserved} {u16 id 2
-  // (shuffle), ...}: the first filter pipeline message.
-  const size_t pipeline = bytes.find(std::string("\x0b\x00\x30\x00\x01\x00\x00\x00\x01\x02\0\0\0\0\0\0\x02\x00", 18));
-  ASSERT_NE(pipeline, std::string::npos);
-  const struct {
-    size_t at;
-    char value;
-    std::string expected;
-  } cases[] = {
-      {pipeline + 16, '\x04', "has a filter pipeline with filter 4, which kvlab does not write"},  // szip
-      {pipeline + 8, '\x03', "has a filter pipeline of version 3"},
-  };
-  for (const auto& c : cases) {
-    std::string corrupt = bytes;
-    corrupt[c.at] = c.value;
-    write_file_bytes(path, corrupt);
-    expect_object_header_refused(path, [&] { ResultsFile::open(path).read_cell("full", "ppl_T0"); }, c.expected);
-  }
-  fs::remove_all(path.parent_path());
-}
-
-// fuzz_results (LeakSanitizer, 2026-12-07: 128 bytes under H5Dopen2 -> H5D__layout_oh_read, 29,299
-// executions): a cell dataset's fill value message {version 2, allocation time 3, write time 2,
-// defined 1, u32 size 0} became {2, 3, 0, 2, size 256}; libhdf5 1.10.8 had read the filter
-// pipeline before it and leaks it when the fill value does not fit. Rebuilt from a file kvlab
-// writes: that message, one of an unknown version, and an old-style fill value message (type 4)
-// claiming more bytes than it holds are refused before libhdf5 opens the dataset.
-TEST(Results, FillValueThatDoesNotFitItsMessageIsRefused) {
-  const fs::path path = temp_path("fill.h5");
-  { ResultsFile::create(path, {}).write_cell("full", "ppl_T0", sample_cell()); }
-  const std::string bytes = file_bytes(path);
-  // {u16 type 5, u16 size 8, u8 flags 1, 3 reserved} then the body kvlab's datasets carry.
-  const std::string message("\x05\x00\x08\x00\x01\x00\x00\x00\x02\x03\x02\x01\x00\x00\x00\x00", 16);
-  const size_t fill = bytes.find(message);
-  ASSERT_NE(fill, std::string::npos) << "no fill value message";
-  ASSERT_NO_THROW(ResultsFile::open(path).read_cell("full", "ppl_T0"));
-  const struct {
-    std::string header_and_body;
-    std::string expected;
-  } cases[] = {
-      {std::string("\x05\x00\x08\x00\x01\x00\x00\x00\x02\x03\x00\x02\x00\x01\x00\x00", 16),
-       "has a fill value of 256 bytes that does not fit its 8-byte message"},
-      {std::string("\x05\x00\x08\x00\x01\x00\x00\x00\x07\x03\x02\x01\x00\x00\x00\x00", 16),
-       "has a fill value message of version 7 in 8 bytes"},
-      {std::string("\x04\x00\x08\x00\x01\x00\x00\x00\x05\x00\x00\x00\x00\x00\x00\x00", 16),
-       "has a fill value of 5 bytes that does not fit its 8-byte message"},
-  };
-  for (const auto& c : cases) {
-    std::string corrupt = bytes;
-    corrupt.replace(fill, 16, c.header_and_body);
-    write_file_bytes(path, corrupt);
-    expect_object_header_refused(path, [&] { ResultsFile::open(path).read_cell("full", "ppl_T0"); }, c.expected);
-  }
-  fs::remove_all(path.parent_path());
-}
-
-// fuzz_results (libFuzzer out-of-memory, 2026-12-07: 1.2 GB in 7.8M libhdf5 allocations under
-// read_cell): a cell dataset's extent became 16,515,071 int64 elements in 2-element chunks, none
-// stored; libhdf5 1.10.8 builds a record per chunk of the extent it reads. Rebuilt with the C++
-// API: a complete cell gains a dataset of 2^20 elements in 1-element chunks (within the element
-// limit: fill values need no storage) and is refused before the read; the intact cell reads.
-TEST(Results, DatasetOfMoreChunksThanTheFileCanIndexIsRefused) {
-  const fs::path path = temp_path("many_chunks.h5");
-  { ResultsFile::create(path, {}).write_cell("full", "ppl_T0", sample_cell()); }
-  EXPECT_NO_THROW(ResultsFile::open(path).read_cell("full", "ppl_T0"));
-  {
-    H5::H5File h(path.string(), H5F_ACC_RDWR);
-    const hsize_t n = hsize_t(1) << 20, one = 1;
-    H5::DSetCreatPropList props;
-    props.setChunk(1, &one);
-    h.openGroup("/runs/full/cells/ppl_T0").createDataSet("many_chunks", H5::PredType::NATIVE_INT64, H5::DataSpace(1, &n), props);
-  }
-  // The limit is file bytes / 16 + 4096 chunks: below 2^20 for any file under ~16 MB.
-  ASSERT_LT(fs::file_size(path), 16u << 20);
-  try {
-    ResultsFile::open(path).read_cell("full", "ppl_T0");
-    ADD_FAILURE() << "a dataset of 2^20 unstored chunks was read";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("many_chunks' spans more than "), std::string::npos)
-        << e.what();
   }
   fs::remove_all(path.parent_path());
 }

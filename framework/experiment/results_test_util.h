@@ -9,6 +9,8 @@
 #include <fstream>
 #include <functional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "framework/core/error.h"
 #include "framework/experiment/results.h"
@@ -84,6 +86,54 @@ inline void expect_object_header_refused(const fs::path& path, const std::functi
     EXPECT_NE(m.find(path.string() + ": the object header at byte "), std::string::npos) << m;
     EXPECT_NE(m.find(expected), std::string::npos) << m;
   }
+}
+
+// Writes a results file at `path` holding one complete cell (full/ppl_T0: sample_cell()), checks
+// that it reads, and returns its bytes.
+inline std::string sample_cell_file(const fs::path& path) {
+  { ResultsFile::create(path, {}).write_cell("full", "ppl_T0", sample_cell()); }
+  EXPECT_NO_THROW(ResultsFile::open(path).read_cell("full", "ppl_T0"));
+  return file_bytes(path);
+}
+
+// Where the body of the first float32 datatype message of a file kvlab wrote starts (the 'nll'
+// dataset's): {u16 type 3, u16 size, u8 flags, 3 reserved} {0x11: class 1 (float) version 1; 3
+// bytes of bit field; u32 size 4, ...}. npos when there is none.
+inline size_t first_float_datatype(const std::string& bytes) {
+  for (size_t p = 0; p + 16 <= bytes.size(); ++p)
+    if (bytes.compare(p, 2, "\x03\x00", 2) == 0 && bytes.compare(p + 5, 3, "\0\0\0", 3) == 0 && bytes[p + 8] == 0x11 &&
+        bytes.compare(p + 12, 4, "\x04\0\0\0", 4) == 0)
+      return p + 8;
+  return std::string::npos;
+}
+
+// One byte of a file changed: at `at`, to `value`; `expected` is what the refusal must say.
+struct ByteCorruption {
+  size_t at;
+  char value;
+  std::string expected;
+};
+
+// Each {file contents, expected} is written to `path` in turn and `read` (of `path`) must refuse
+// it naming the object header (expect_object_header_refused) with `expected`.
+inline void expect_each_refused(const fs::path& path, const std::vector<std::pair<std::string, std::string>>& files,
+                                const std::function<void()>& read) {
+  for (const auto& [contents, expected] : files) {
+    write_file_bytes(path, contents);
+    expect_object_header_refused(path, read, expected);
+  }
+}
+
+// The same for `bytes` with one byte changed per corruption.
+inline void expect_byte_corruptions_refused(const fs::path& path, const std::string& bytes,
+                                            const std::vector<ByteCorruption>& corruptions,
+                                            const std::function<void()>& read) {
+  std::vector<std::pair<std::string, std::string>> files;
+  for (const ByteCorruption& c : corruptions) {
+    files.emplace_back(bytes, c.expected);
+    files.back().first[c.at] = c.value;
+  }
+  expect_each_refused(path, files, read);
 }
 
 }  // namespace kvlab::results_testing
