@@ -139,5 +139,30 @@ TEST(Results, DatasetOfMoreChunksThanTheFileCanIndexIsRefused) {
   fs::remove_all(path.parent_path());
 }
 
+// fuzz_results (libFuzzer out-of-memory at 2.5 GB RSS after 100,688 executions, 2026-12-07): within
+// both limits above, a dataset may still span a few thousand chunks of 65,536 elements and store
+// none; libhdf5 reads unstored chunks as fill values, so nothing in the file bounds what the read
+// allocates. kvlab stores every chunk it writes; a dataset storing fewer is refused. Rebuilt with
+// the C++ API: an int64 dataset of 2 x 65,536 elements in chunks of 65,536, never written.
+TEST(Results, DatasetWithUnstoredChunksIsRefused) {
+  const fs::path path = temp_path("unstored.h5");
+  const std::string bytes = sample_cell_file(path);
+  {
+    H5::H5File h(path.string(), H5F_ACC_RDWR);
+    const hsize_t n = hsize_t(2) << 16, chunk = hsize_t(1) << 16;
+    H5::DSetCreatPropList props;
+    props.setChunk(1, &chunk);
+    h.openGroup("/runs/full/cells/ppl_T0").createDataSet("unstored", H5::PredType::NATIVE_INT64, H5::DataSpace(1, &n), props);
+  }
+  try {
+    ResultsFile::open(path).read_cell("full", "ppl_T0");
+    ADD_FAILURE() << "a dataset storing none of its chunks was read";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("unstored' stores 0 of the 2 chunks its extent spans"), std::string::npos)
+        << e.what();
+  }
+  fs::remove_all(path.parent_path());
+}
+
 }  // namespace
 }  // namespace kvlab
