@@ -37,4 +37,9 @@ void check_string_attributes(hid_t attr, const std::string& what);
 // chunked, other filters) is refused, as kvlab writes none. Call before reading its strings.
 void check_string_dataset(hid_t dset, const std::string& what);
 
+// Every stored chunk of the chunked numeric dataset `dset` (elements of element_bytes) comes out
+// of its filters (shuffle, deflate) as exactly its chunk's bytes: libhdf5 1.10.8 copies a whole
+// chunk out of whatever the filters returned. One error naming the file, `what` and the chunk.
+void check_chunk_sizes(hid_t dset, uint64_t element_bytes, const std::string& what);
+
 }  // namespace kvlab::hdf5

@@ -243,12 +243,19 @@ void check_string_attributes(hid_t attr, const std::string& what) {
   });
 }
 
-// See hdf5_checks.h. kvlab writes a string dataset chunked, through the shuffle and deflate
-// filters (results.cpp); the values are read from each chunk's stored bytes (located through
-// libhdf5's chunk index, H5Dget_chunk_info), undoing the filters the chunk went through, and
-// checked as check_string_attributes checks an attribute's.
-void check_string_dataset(hid_t dset, const std::string& what) {
-  const std::string in = file_name(dset) + ": " + what;
+namespace {
+
+// Calls on_chunk(offset, bytes) for every stored chunk of the chunked dataset `dset` whose
+// elements are `element` bytes as stored, with the chunk's bytes after the filters it went
+// through are undone: the pipeline kvlab writes (shuffle, deflate), or part of it, as the
+// dataset's filter pipeline message says (libhdf5 unshuffles by the element size stored there;
+// a chunk's filter mask says which filters it skipped, bit i: filter i). A chunk that does not
+// come out as exactly its chunk's bytes is refused: libhdf5 1.10.8 copies a whole chunk out of
+// whatever its filters returned (fuzz_results, ASan heap-buffer-overflow in H5VM_memcpyvv under
+// H5D__select_read: a float chunk that inflated short). Returns the elements per chunk.
+template <class OnChunk>
+uint64_t for_each_stored_chunk(hid_t dset, const FileImage& file, const std::string& in, uint64_t element,
+                               const char* values, OnChunk&& on_chunk) {
   struct Id {  // closes a libhdf5 identifier however this ends
     hid_t id;
     herr_t (*close)(hid_t);
@@ -258,20 +265,11 @@ void check_string_dataset(hid_t dset, const std::string& what) {
   };
   const Id space{H5Dget_space(dset), H5Sclose};
   const int rank = space.id < 0 ? -1 : H5Sget_simple_extent_ndims(space.id);
-  const hssize_t points = space.id < 0 ? -1 : H5Sget_simple_extent_npoints(space.id);
-  if (rank < 0 || points < 0) fail(in, ": its dataspace is unreadable (corrupt file?)");
-  if (points == 0) return;  // libhdf5 reads no value
-  std::vector<hsize_t> dims(static_cast<size_t>(rank)), chunk(static_cast<size_t>(rank));
-  H5Sget_simple_extent_dims(space.id, dims.data(), nullptr);
+  if (rank < 0) fail(in, ": its dataspace is unreadable (corrupt file?)");
+  std::vector<hsize_t> chunk(static_cast<size_t>(rank));
   const Id dcpl{H5Dget_create_plist(dset), H5Pclose};  // the chunk dimensions
   if (dcpl.id < 0 || H5Pget_layout(dcpl.id) != H5D_CHUNKED || H5Pget_chunk(dcpl.id, rank, chunk.data()) != rank)
-    fail(in, ": its strings are not stored in chunks, as kvlab stores them (corrupt file?)");
-
-  const FileImage file = FileImage::of(dset, in);
-  const size_t element = 4 + file.off_size + 4;  // libhdf5's stored size of a string (H5T__vlen_set_loc)
-  // The pipeline kvlab writes (shuffle, deflate), or part of it, as the dataset's filter pipeline
-  // message says (libhdf5 unshuffles by the element size stored there); a chunk's filter mask
-  // says which filters it skipped (bit i: filter i).
+    fail(in, ": its ", values, " are not stored in chunks, as kvlab stores them (corrupt file?)");
   H5O_info_t info;
   if (H5Oget_info2(dset, &info, H5O_INFO_BASIC) < 0) fail(in, ": cannot locate its object header (corrupt file?)");
   std::vector<Filter> pipeline;
@@ -290,21 +288,22 @@ void check_string_dataset(hid_t dset, const std::string& what) {
     } else if (f.id == H5Z_FILTER_DEFLATE && i == filters - 1 && !deflate) {
       deflate = true;
     } else {
-      fail(in, ": its strings pass through filter ", f.id, " at position ", i, " (", f.values.size(),
+      fail(in, ": its ", values, " pass through filter ", f.id, " at position ", i, " (", f.values.size(),
            " values), which kvlab does not write (corrupt file?)");
     }
   }
+  // A chunk may be larger than the file (deflated); each is bounded when it is inflated below.
   uint64_t chunk_elements = 1;
   for (const hsize_t c : chunk) {
-    if (c == 0 || chunk_elements > file.size() / c) fail(in, ": its chunks are larger than the file (corrupt file?)");
+    if (c == 0 || chunk_elements > (uint64_t(1) << 40) / c) fail(in, ": its chunks are too large (corrupt file?)");
     chunk_elements *= c;
   }
+  if (element == 0 || chunk_elements > (uint64_t(1) << 40) / element) fail(in, ": its chunks are too large (corrupt file?)");
   const uint64_t chunk_bytes = chunk_elements * element;
 
   hsize_t chunks = 0;
   if (H5Dget_num_chunks(dset, space.id, &chunks) < 0) fail(in, ": its chunk index is unreadable (corrupt file?)");
-  std::vector<hsize_t> offset(static_cast<size_t>(rank)), local(static_cast<size_t>(rank));
-  uint64_t stored_values = 0;  // in-extent values of the stored chunks
+  std::vector<hsize_t> offset(static_cast<size_t>(rank));
   for (hsize_t c = 0; c < chunks; ++c) {
     unsigned mask = 0;
     haddr_t addr = 0;
@@ -330,9 +329,46 @@ void check_string_dataset(hid_t dset, const std::string& what) {
     if (bytes.size() != chunk_bytes)
       fail(in, ": a chunk at byte ", addr, " holds ", bytes.size(), " bytes, not its ", chunk_bytes, " (corrupt file?)");
     if (unshuffled) bytes = unshuffle(bytes, element);
+    on_chunk(offset, bytes);
+  }
+  return chunk_elements;
+}
+
+}  // namespace
+
+// See hdf5_checks.h. kvlab writes a string dataset chunked, through the shuffle and deflate
+// filters (results.cpp); the values are read from each chunk's stored bytes (located through
+// libhdf5's chunk index, H5Dget_chunk_info), undoing the filters the chunk went through, and
+// checked as check_string_attributes checks an attribute's.
+void check_string_dataset(hid_t dset, const std::string& what) {
+  const std::string in = file_name(dset) + ": " + what;
+  const hid_t space = H5Dget_space(dset);
+  const int rank = space < 0 ? -1 : H5Sget_simple_extent_ndims(space);
+  const hssize_t points = space < 0 ? -1 : H5Sget_simple_extent_npoints(space);
+  std::vector<hsize_t> dims(static_cast<size_t>(std::max(rank, 0)));
+  if (rank >= 0) H5Sget_simple_extent_dims(space, dims.data(), nullptr);
+  if (space >= 0) H5Sclose(space);
+  if (rank < 0 || points < 0) fail(in, ": its dataspace is unreadable (corrupt file?)");
+  if (points == 0) return;  // libhdf5 reads no value
+  const FileImage file = FileImage::of(dset, in);
+  const size_t element = 4 + file.off_size + 4;  // libhdf5's stored size of a string (H5T__vlen_set_loc)
+  std::vector<hsize_t> chunk;
+  {
+    const hid_t dcpl = H5Dget_create_plist(dset);
+    chunk.resize(dims.size());
+    if (dcpl >= 0) {
+      H5Pget_chunk(dcpl, rank, chunk.data());
+      H5Pclose(dcpl);
+    }
+  }
+  uint64_t stored_values = 0;  // in-extent values of the stored chunks
+  std::vector<hsize_t> local(dims.size());
+  for_each_stored_chunk(dset, file, in, element, "strings",
+                        [&](const std::vector<hsize_t>& offset, const std::vector<unsigned char>& bytes) {
     // The chunk's elements in row-major order; those past the dataset's extent (an edge chunk)
     // are not read by libhdf5.
     std::fill(local.begin(), local.end(), 0);
+    const uint64_t chunk_elements = bytes.size() / element;
     for (uint64_t e = 0; e < chunk_elements; ++e) {
       bool inside = true;
       for (int r = 0; r < rank; ++r) inside &= offset[r] + local[r] < dims[r];
@@ -342,7 +378,7 @@ void check_string_dataset(hid_t dset, const std::string& what) {
       }
       for (int r = rank - 1; r >= 0 && ++local[r] == chunk[r]; --r) local[r] = 0;
     }
-  }
+  });
   // kvlab writes every string of a dataset, so each lies in a stored chunk. A dataset whose
   // chunks are missing would read as empty strings, and its extent is then bounded by nothing in
   // the file (fuzz_results, libFuzzer out-of-memory: 2.2 GB of string pointers for a dataset of
@@ -350,6 +386,14 @@ void check_string_dataset(hid_t dset, const std::string& what) {
   if (stored_values != uint64_t(points))
     fail(in, ": it holds ", points, " strings, of which its chunks store ", stored_values,
          " (kvlab stores every one; corrupt file?)");
+}
+
+// See hdf5_checks.h.
+void check_chunk_sizes(hid_t dset, uint64_t element_bytes, const std::string& what) {
+  const std::string in = file_name(dset) + ": " + what;
+  const FileImage file = FileImage::of(dset, in);
+  for_each_stored_chunk(dset, file, in, element_bytes, "values",
+                        [](const std::vector<hsize_t>&, const std::vector<unsigned char>&) {});
 }
 
 }  // namespace kvlab::hdf5

@@ -217,7 +217,9 @@ Dataset read_dataset(const H5::DataSet& in) {
     check_string_type(in.getId(), in.getStrType().getId(), what);
     hdf5::check_string_dataset(in.getId(), what);
   }
-  check_chunks(in, dims, what);
+  const bool chunked = check_chunks(in, dims, what);
+  if (chunked && n > 0 && (cls == H5T_FLOAT || cls == H5T_INTEGER))
+    hdf5::check_chunk_sizes(in.getId(), in.getDataType().getSize(), what);
   if (cls == H5T_STRING) {
     H5::StrType t = vlen_string_type();
     std::vector<char*> ptrs(n, nullptr);

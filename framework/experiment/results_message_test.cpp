@@ -4,6 +4,7 @@
 // the object header before libhdf5 decodes it. fuzz_results found most of them (fuzz/README.md).
 #include <H5Cpp.h>
 #include <gtest/gtest.h>
+#include <zlib.h>
 
 #include <cstdint>
 #include <filesystem>
@@ -160,6 +161,39 @@ TEST(Results, DatasetWithUnstoredChunksIsRefused) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("unstored' stores 0 of the 2 chunks its extent spans"), std::string::npos)
         << e.what();
+  }
+  fs::remove_all(path.parent_path());
+}
+
+// fuzz_results (ASan heap-buffer-overflow, a 12-byte read in H5VM_memcpyvv under H5D__select_read,
+// 24,776 executions, 2026-12-07): a deflated float chunk that inflated to fewer bytes than its
+// chunk; libhdf5 1.10.8 copies the whole chunk out of what the filter returned. Rebuilt with
+// H5Dwrite_chunk: a deflated dataset of 6 floats in one chunk whose stored stream inflates to 12
+// bytes instead of 24.
+TEST(Results, ChunkThatInflatesShortIsRefused) {
+  const fs::path path = temp_path("short_chunk.h5");
+  const std::string bytes = sample_cell_file(path);
+  {
+    H5::H5File h(path.string(), H5F_ACC_RDWR);
+    const hsize_t n = 6;
+    H5::DSetCreatPropList props;
+    props.setChunk(1, &n);
+    props.setDeflate(4);
+    H5::DataSet d = h.openGroup("/runs/full/cells/ppl_T0").createDataSet("short", H5::PredType::NATIVE_FLOAT,
+                                                                          H5::DataSpace(1, &n), props);
+    const float half[3] = {1, 2, 3};
+    std::vector<unsigned char> z(64);
+    uLongf z_size = z.size();
+    ASSERT_EQ(compress(z.data(), &z_size, reinterpret_cast<const Bytef*>(half), sizeof half), Z_OK);
+    const hsize_t offset = 0;
+    ASSERT_GE(H5Dwrite_chunk(d.getId(), H5P_DEFAULT, 0, &offset, z_size, z.data()), 0);
+  }
+  try {
+    ResultsFile::open(path).read_cell("full", "ppl_T0");
+    ADD_FAILURE() << "a chunk inflating to 12 of its 24 bytes was read";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("short': a chunk at byte "), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("does not inflate to its 24 bytes"), std::string::npos) << e.what();
   }
   fs::remove_all(path.parent_path());
 }

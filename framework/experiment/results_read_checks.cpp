@@ -42,14 +42,14 @@ void check_elements(uint64_t n, uint64_t bytes_per_file_byte, uint64_t slack_byt
 // stored or not (fuzz_results, libFuzzer OOM: 16,515,071 elements in 2-element chunks in a 132 KB
 // file, allowed by check_elements, made 8.3M records, 1.2 GB). kvlab stores every chunk, each at
 // least a 24-byte B-tree entry: an extent of more than file bytes / 16 (+4096) chunks is refused.
-void check_chunks(const H5::DataSet& in, const std::vector<hsize_t>& dims, const std::string& what) {
+bool check_chunks(const H5::DataSet& in, const std::vector<hsize_t>& dims, const std::string& what) {
   const hid_t plist = H5Dget_create_plist(in.getId());
   if (plist < 0) fail(file_prefix(in.getId()), what, " has an unreadable creation property list (corrupt file?)");
   std::vector<hsize_t> chunk(dims.size(), 0);
   const bool chunked = H5Pget_layout(plist) == H5D_CHUNKED;
   const int chunk_rank = chunked ? H5Pget_chunk(plist, int(chunk.size()), chunk.data()) : 0;
   H5Pclose(plist);
-  if (!chunked) return;
+  if (!chunked) return false;
   if (chunk_rank != int(dims.size()))
     fail(file_prefix(in.getId()), what, " has chunks of rank ", chunk_rank, " for ", dims.size(), " dimensions (corrupt file?)");
   const uint64_t limit = file_bytes_of(in.getId()) / 16 + 4096;
@@ -70,6 +70,7 @@ void check_chunks(const H5::DataSet& in, const std::vector<hsize_t>& dims, const
     fail(file_prefix(in.getId()), what, " has an unreadable chunk index (corrupt file?)");
   if (stored != chunks)
     fail(file_prefix(in.getId()), what, " stores ", stored, " of the ", chunks, " chunks its extent spans (corrupt file?)");
+  return true;
 }
 
 // A variable-length string type from the file must have 1-byte characters. libhdf5 1.10.8

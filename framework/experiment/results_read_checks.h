@@ -21,7 +21,8 @@ std::string file_prefix(hid_t obj);
 void check_elements(uint64_t n, uint64_t bytes_per_file_byte, uint64_t slack_bytes, hid_t obj, const std::string& what);
 
 // A chunked dataset spans at most file bytes / 16 + 4096 chunks and stores every one of them.
-void check_chunks(const H5::DataSet& in, const std::vector<hsize_t>& dims, const std::string& what);
+// Returns whether it is chunked.
+bool check_chunks(const H5::DataSet& in, const std::vector<hsize_t>& dims, const std::string& what);
 
 // A variable-length string type must have 1-byte characters.
 void check_string_type(hid_t obj, hid_t type, const std::string& what);
