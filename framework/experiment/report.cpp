@@ -159,7 +159,7 @@ std::vector<RunRow> collect(const ResultsFile& file, const AttrMap& root) {
 struct Agg {
   Mean acc, logp, ppl, se, read, seen, frac, read_bytes, kept, recall, tps;
   double kv_peak_max = kNaN;
-  int cells = 0, trials = 0;
+  int cells = 0;
 };
 Agg aggregate(const RunRow& r, const std::string& kind = "", double length = kNaN) {
   Agg g;
@@ -167,7 +167,6 @@ Agg aggregate(const RunRow& r, const std::string& kind = "", double length = kNa
     if (!kind.empty() && c.kind != kind) continue;
     if (std::isfinite(length) && c.context_length != length) continue;
     ++g.cells;
-    if (std::isfinite(c.trials)) g.trials += int(c.trials);
     g.acc.add(c.accuracy);
     g.logp.add(c.logprob);
     g.ppl.add(c.ppl);

@@ -292,6 +292,30 @@ TEST(Report, NaturalOrder) {
   EXPECT_FALSE(natural_less("x7", "x07"));
 }
 
+// fuzz_results (UBSan, 2026-12-07: "5.6295e+14 is outside the range of representable values of
+// type 'int'" in the report's aggregate, 51,552 executions): a cell's trials attribute became
+// 5.6e14, which the report summed into an int it never printed (the sum is gone). The report
+// prints the file; the value shows as it is stored. (The conversion was undefined behaviour, so
+// a plain build can pass either way: scripts/sanitize.sh, like the fuzz build, fails without the fix.)
+TEST(Report, HugeTrialsAttributeIsReportedAsStored) {
+  const fs::path path = temp_path("huge_trials.h5");
+  ResultsFile f = ResultsFile::create(path, {{"name", std::string("huge")}, {"cells_total", int64_t(1)}});
+  f.ensure_run("full", {{"policy_type", std::string("full")}, {"params", std::string("")}});
+  CellRecord rec;
+  rec.attrs = {{"kind", std::string("niah")}, {"context_length", int64_t(256)}, {"depth", 50.0},
+               {"trials", 5.6295e14}, {"accuracy", 0.5}};
+  Dataset lp;
+  lp.data = std::vector<double>{-1.0, -3.0};
+  rec.datasets["value_logprob"] = lp;
+  f.write_cell("full", "niah_L256_D50", rec);
+  std::ostringstream text, csv;
+  print_report(ResultsFile::open(path), text);
+  print_report(ResultsFile::open(path), csv, ReportFormat::kCsv);
+  EXPECT_NE(text.str().find("cells complete: 1 / 1"), std::string::npos) << text.str();
+  EXPECT_NE(csv.str().find("5.6295e+14"), std::string::npos) << csv.str();
+  fs::remove(path);
+}
+
 // A file of schema 1 (cells without keys_read_mean, value_logprob_mean, effective parameters):
 // the report reads what it has and shows '-' for what it lacks, no NaN.
 TEST(Report, ReadsSchemaOneCells) {
