@@ -3,12 +3,14 @@
 // summaries, prints the report, re-parses the recorded experiment, merges it into a new file
 // (both in the case directory) and deletes the incomplete cells as a resume does.
 #include <H5Fpublic.h>
+#include <H5Ipublic.h>
 #include <H5public.h>
 
 #include <cstdio>
 
 #include <cstdlib>
 #include <sstream>
+#include <vector>
 
 #include "framework/core/error.h"
 #include "framework/experiment/merge.h"
@@ -61,7 +63,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // (Datatypes are not counted: kvlab keeps its string types open for the process's lifetime.)
   constexpr unsigned kObjects = H5F_OBJ_FILE | H5F_OBJ_DATASET | H5F_OBJ_GROUP | H5F_OBJ_ATTR;
   if (const ssize_t open = H5Fget_obj_count(H5F_OBJ_ALL, kObjects); open != 0) {
-    std::fprintf(stderr, "fuzz_results: %zd HDF5 objects still open after the input\n", open);
+    std::fprintf(stderr, "fuzz_results: %zd HDF5 objects still open after the input:\n", open);
+    std::vector<hid_t> ids(static_cast<size_t>(open));
+    const ssize_t listed = H5Fget_obj_ids(H5F_OBJ_ALL, kObjects, ids.size(), ids.data());
+    for (ssize_t i = 0; i < listed; ++i) {
+      std::fprintf(stderr, "  HDF5 id type %d, reference count %d\n", static_cast<int>(H5Iget_type(ids[i])),
+                   H5Iget_ref(ids[i]));
+    }
     std::abort();
   }
   return 0;

@@ -191,17 +191,39 @@ class ExclusiveFileLock {
 
 }  // namespace
 
+namespace {
+
+// How a new version of a file starts (new_version below).
+enum class Start {
+  empty,         // an empty file (create)
+  copy,          // a read-write copy of the file's bytes (replace_file)
+  empty_beside,  // an empty file, beside a read-only copy of the file (rebuild_file)
+};
+
+constexpr size_t kImageIncrementBytes = size_t{1} << 20;
+
+// A file held in memory by HDF5's core driver without backing store: nothing is written under
+// `name` (but the driver refuses a name that exists on disk, such as a stale PATH.partial).
+// `image` (if not empty) is its initial content.
+H5::H5File in_memory_file(const std::string& name, unsigned flags, const std::vector<char>& image) {
+  H5::FileAccPropList fapl;
+  fapl.setCore(kImageIncrementBytes, /*backing_store=*/false);
+  if (!image.empty() && H5Pset_file_image(fapl.getId(), const_cast<char*>(image.data()), image.size()) < 0)
+    fail("HDF5 cannot take the file's image (", image.size(), " bytes)");
+  return H5::H5File(name, flags, H5::FileCreatPropList::DEFAULT, fapl);
+}
+
 // Writes a new version of `path` through PATH.partial (above). HDF5 works on an in-memory image
 // of the file (the core driver without backing store), so it never touches the disk: all I/O
 // is ours, and a full disk is a clean error from write(2) -- HDF5 1.10 crashes when a file whose
-// close failed for want of space is closed again. `body(H5::H5File&)` changes the image (for
-// `create`, an empty file); the image is written to PATH.partial, fsynced and renamed over
-// `path`. On any error the partial copy is removed and `path` is as before; the error names
-// `path`, `what` and the system error.
-constexpr size_t kImageIncrementBytes = size_t{1} << 20;
-void replace_file(const fs::path& path, const std::string& what, bool create,
-                  const std::function<void(H5::H5File&)>& body) {
+// close failed for want of space is closed again. `body(source, f)` makes the new version in
+// `f`; `source` is the file as it was, read-only (Start::empty_beside), or null. The image is
+// written to PATH.partial, fsynced and renamed over `path`. On any error the partial copy is
+// removed and `path` is as before; the error names `path`, `what` and the system error.
+void new_version(const fs::path& path, const std::string& what, Start start,
+                 const std::function<void(const H5::H5File* source, H5::H5File& f)>& body) {
   H5::Exception::dontPrint();
+  const bool create = start == Start::empty;
   // A symbolic link stays one: the file it points to is replaced (in its own directory).
   fs::path target = path;
   std::error_code link_ec;
@@ -222,13 +244,12 @@ void replace_file(const fs::path& path, const std::string& what, bool create,
     mode_t mode = 0666;  // (less the umask) as HDF5 creates files
     std::vector<char> image;
     if (!create) image = read_all(target, &mode);
-    H5::FileAccPropList fapl;
-    fapl.setCore(kImageIncrementBytes, /*backing_store=*/false);
-    if (!create && H5Pset_file_image(fapl.getId(), image.data(), image.size()) < 0)
-      fail(path.string(), ": HDF5 cannot take the file's image (", image.size(), " bytes)");
-    // The name only identifies the in-memory file; nothing is written under it (but the core
-    // driver refuses a name that exists on disk, such as a stale PATH.partial).
-    H5::H5File f(path.string() + ".kvlab-in-memory-image", create ? H5F_ACC_TRUNC : H5F_ACC_RDWR, H5::FileCreatPropList::DEFAULT, fapl);
+    std::optional<H5::H5File> source;
+    if (start == Start::empty_beside)
+      source.emplace(in_memory_file(path.string() + ".kvlab-in-memory-source", H5F_ACC_RDONLY, image));
+    H5::H5File f = in_memory_file(path.string() + ".kvlab-in-memory-image",
+                                  start == Start::copy ? H5F_ACC_RDWR : H5F_ACC_TRUNC,
+                                  start == Start::copy ? image : std::vector<char>{});
     auto finish = [&] {
       f.flush(H5F_SCOPE_GLOBAL);
       const ssize_t n = H5Fget_file_image(f.getId(), nullptr, 0);
@@ -243,7 +264,7 @@ void replace_file(const fs::path& path, const std::string& what, bool create,
       if (ec) fail("cannot put ", partial.string(), " in its place: ", ec.message());
       fsync_path(target.parent_path(), true);
     };
-    body(f);
+    body(source ? &*source : nullptr, f);
     finish();
   } catch (const H5::Exception& e) {
     cleanup();
@@ -262,6 +283,19 @@ void replace_file(const fs::path& path, const std::string& what, bool create,
     cleanup();
     throw;
   }
+}
+
+}  // namespace
+
+void replace_file(const fs::path& path, const std::string& what, bool create,
+                  const std::function<void(H5::H5File&)>& body) {
+  new_version(path, what, create ? Start::empty : Start::copy,
+              [&](const H5::H5File*, H5::H5File& f) { body(f); });
+}
+
+void rebuild_file(const fs::path& path, const std::string& what,
+                  const std::function<void(const H5::H5File& source, H5::H5File& f)>& body) {
+  new_version(path, what, Start::empty_beside, [&](const H5::H5File* source, H5::H5File& f) { body(*source, f); });
 }
 
 }  // namespace kvlab::hdf5

@@ -45,4 +45,13 @@ auto guarded(const std::filesystem::path& path, const std::string& what, F&& bod
 void replace_file(const std::filesystem::path& path, const std::string& what, bool create,
                   const std::function<void(H5::H5File&)>& body);
 
+// Like replace_file, but `body(source, f)` builds the new version in an empty file `f` from
+// `source`, the file as it is, opened read-only. For changes that drop part of a file that may
+// be damaged (an interrupted cell): only what is kept is read. Unlinking the part in place
+// instead made libhdf5 follow the dropped objects' damaged addresses while freeing their space,
+// and the close that had to write those back failed and left the file open in the library
+// (fuzz_results).
+void rebuild_file(const std::filesystem::path& path, const std::string& what,
+                  const std::function<void(const H5::H5File& source, H5::H5File& f)>& body);
+
 }  // namespace kvlab::hdf5

@@ -529,5 +529,46 @@ TEST(Results, NullStringAttributeReadsAsEmpty) {
   EXPECT_EQ(e, "");
 }
 
+// fuzz_results (2026-12-07, the open-object check after 18,216 executions): a file from an
+// older build with an interrupted cell whose dataset's object header is damaged. Resume's
+// delete_incomplete_cells unlinked the cell in place; libhdf5 followed the cell's members to
+// free their space, failed on the damaged header with its cache left dirty, and the close that
+// had to write that cache back failed too, leaving the file open in the library. The cell is
+// now dropped by copying what is kept into a new file (rebuild_file, through kvlab's own
+// checked reader), so nothing of it is read.
+TEST(Results, InterruptedCellWithADamagedMemberIsDeletedWithoutReadingIt) {
+  const fs::path path = temp_path("damaged_interrupted.h5");
+  ResultsFile f = ResultsFile::create(path, {{"name", std::string("demo")}});
+  f.ensure_run("full", {{"policy_type", std::string("full")}});
+  f.write_cell("full", "a", sample_cell());
+  haddr_t header = 0;
+  {  // An older build killed mid-cell: a group with data but no complete attribute.
+    H5::H5File h(path.string(), H5F_ACC_RDWR);
+    H5::Group g = h.createGroup("runs/full/cells/b");
+    const hsize_t n = 3;
+    g.createDataSet("x", H5::PredType::NATIVE_FLOAT, H5::DataSpace(1, &n));
+    H5O_info_t info{};
+    ASSERT_GE(H5Oget_info_by_name(h.getId(), "runs/full/cells/b/x", &info, H5P_DEFAULT), 0);
+    header = info.addr;
+  }
+  std::string bytes = file_bytes(path);
+  ASSERT_LT(header, bytes.size());
+  ASSERT_EQ(bytes[header], 1);  // a version-1 object header
+  bytes[header] = 7;            // a version libhdf5 does not know
+  write_file_bytes(path, bytes);
+
+  ResultsFile g = ResultsFile::open(path);
+  EXPECT_EQ(g.delete_incomplete_cells(), 1);
+  EXPECT_EQ(H5Fget_obj_count(H5F_OBJ_ALL, H5F_OBJ_FILE), 0);  // nothing left open in libhdf5
+  EXPECT_EQ(g.delete_incomplete_cells(), 0);
+  EXPECT_EQ(g.complete_cells("full"), std::vector<std::string>{"a"});
+  EXPECT_EQ(std::get<std::string>(g.root_attrs().at("name")), "demo");
+  EXPECT_EQ(std::get<std::string>(g.run_attrs("full").at("policy_type")), "full");
+  const CellRecord kept = g.read_cell("full", "a");
+  for (const auto& [name, ds] : sample_cell().datasets) EXPECT_EQ(kept.datasets.at(name).data, ds.data) << name;
+  EXPECT_EQ(std::get<std::string>(kept.datasets.at("nll").attrs.at("unit")), "nats");
+  fs::remove_all(path.parent_path());
+}
+
 }  // namespace
 }  // namespace kvlab
