@@ -5,11 +5,13 @@
 #include <cmath>
 
 #include "kernels/cpu/dtype.h"
+#include "kernels/cpu/linear.h"
 #include "kernels/cpu/ops.h"
 
 namespace kvlab::engine_detail {
 
 DenseLayers::DenseLayers(const Model& model, ThreadPool& pool) : m_(model), c_(model.config), pool_(pool) {
+  use_single_threaded_blas();  // BLAS runs inside the pool's jobs (linear.h)
   if (!c_.mla()) return;
   const int H = c_.n_heads, nope = c_.qk_nope_head_dim, vh = c_.v_head_dim, r = c_.kv_lora_rank;
   std::vector<float> row(r);

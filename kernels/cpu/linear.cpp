@@ -428,17 +428,29 @@ const char* blas_core_name() {
   return openblas_get_corename();
 }
 
+// OpenBLAS's pthreads build stops its worker threads with this (exported, not in cblas.h; it
+// is what OpenBLAS itself calls around fork). A later call on more threads starts them again.
+// Weak: a BLAS without it keeps its threads.
+extern "C" int blas_thread_shutdown_() __attribute__((weak));
+
 namespace {
 std::atomic<int> g_blas_threads{-1};
-// Sets OpenBLAS's thread count when it differs (call outside parallel regions).
+// Sets OpenBLAS's thread count when it differs (call outside parallel regions). On 1 thread its
+// worker threads are stopped: OpenBLAS starts them when it loads, and each polls for work
+// (sched_yield) for 2^28 cycles after it starts and after every job before it sleeps, ~0.1 s of
+// a core; with `--threads 1` that CPU time counted against the first RULER sample
+// (evals_peer_kept_positions_test: 0.093 s of process CPU in 0.057 s of wall time).
 void set_blas_threads(int n) {
   ensure_openblas_core();
   if (g_blas_threads.load() != n) {
     openblas_set_num_threads(n);
+    if (n == 1 && blas_thread_shutdown_ != nullptr) blas_thread_shutdown_();
     g_blas_threads.store(n);
   }
 }
 }  // namespace
+
+void use_single_threaded_blas() { set_blas_threads(1); }
 
 void sgemm_xwt(const float* x, int64_t n, const float* w, int64_t rows, int64_t cols, float* y,
                int64_t ldy, int blas_threads) {

@@ -94,6 +94,11 @@ void linear(ThreadPool& pool, const float* x, int64_t n, std::initializer_list<L
 // linear.cpp sets OPENBLAS_CORETYPE before OpenBLAS loads on AVX-512 CPUs (see there).
 const char* blas_core_name();
 
+// BLAS runs inside kvlab's own pool jobs, one thread per call: sets OpenBLAS to 1 thread and
+// stops its worker threads, which would otherwise poll for work on the other cores. The engine
+// calls it when it starts; linear() and sgemm_xwt(..., 1) keep it so.
+void use_single_threaded_blas();
+
 // Raw sgemm: y[n, rows] (row stride ldy) = x[n, cols] @ W^T, W fp32 row-major [rows, cols], on
 // `blas_threads` OpenBLAS threads (1 inside a pool job).
 void sgemm_xwt(const float* x, int64_t n, const float* w, int64_t rows, int64_t cols, float* y,
