@@ -443,10 +443,12 @@ int ResultsFile::delete_incomplete_cells() {
     const H5::Group from = source.openGroup("/");
     H5::Group to = f.openGroup("/");
     copy_group(from, to, "", [&](const std::string& path) {
-      // runs/RUN/cells/CELL
-      const size_t cells = path.find("/cells/");
-      const bool cell = path.rfind("runs/", 0) == 0 && cells != std::string::npos &&
-                        path.find('/', 5) == cells && path.find('/', cells + 7) == std::string::npos;
+      std::vector<std::string> parts;  // a cell is runs/RUN/cells/CELL
+      for (size_t b = 0, e; b <= path.size(); b = e + 1) {
+        e = std::min(path.find('/', b), path.size());
+        parts.push_back(path.substr(b, e - b));
+      }
+      const bool cell = parts.size() == 4 && parts[0] == "runs" && parts[2] == "cells";
       if (!cell || group_complete(source.openGroup(path))) return true;
       ++deleted;
       return false;
