@@ -2,6 +2,7 @@
 
 #include <array>
 #include <cmath>
+#include <cstring>
 #include <random>
 
 #include "framework/core/error.h"
@@ -328,6 +329,65 @@ Verdict engine_resident_within_budget(const PolicyRegistry& r, const Case& c) {
   return Verdict::pass();
 }
 
+// Per-head block tables (KvStore "Per-head block tables") change where rows live, not which
+// slots attention reads or in what order: the logits equal the per-layer tables' bit for bit,
+// the same tokens stay resident, and each head holds a block only for the pages where it has a
+// live token (so never more bytes than per-layer tables).
+Verdict engine_per_head_tables(const PolicyRegistry& r, const Case& c) {
+  const Model& m = engine::tiny_model();
+  const auto tokens = engine::random_tokens(kTokens, 4);
+  const int n_layers = m.config.n_layers, n_kv = m.config.n_kv_heads;
+  Engine layer_tables(m, engine::engine_options());
+  EngineOptions o = engine::engine_options();
+  o.kv_per_head_tables = true;
+  Engine head_tables(m, o);
+  std::vector<std::vector<int64_t>> resident;  // per step: [layer * n_kv + h]
+  std::vector<size_t> layer_bytes;
+  const auto want = engine::run_logits(layer_tables, make_engine_policy(r, c.policy, c.config.params), tokens,
+                                       [&](SeqId s, int64_t) {
+                                         std::vector<int64_t> rs;
+                                         for (int l = 0; l < n_layers; ++l)
+                                           for (int h = 0; h < n_kv; ++h) rs.push_back(layer_tables.kv().resident_tokens(s, l, h));
+                                         resident.push_back(rs);
+                                         layer_bytes.push_back(layer_tables.sequence_stats(s).kv_bytes_current);
+                                       });
+  std::string failure;
+  size_t step = 0;
+  const auto got = engine::run_logits(head_tables, make_engine_policy(r, c.policy, c.config.params), tokens,
+                                      [&](SeqId s, int64_t n_seen) {
+    const KvStore& kv = head_tables.kv();
+    const int bs = kv.config().block_size_tokens;
+    for (int l = 0; l < n_layers && failure.empty(); ++l) {
+      const LayerKv lk = kv.layer(s, l);
+      for (int h = 0; h < n_kv && failure.empty(); ++h) {
+        if (kv.resident_tokens(s, l, h) != resident[step][l * n_kv + h])
+          failure = str_cat("layer ", l, " head ", h, ": ", kv.resident_tokens(s, l, h), " tokens resident vs ",
+                            resident[step][l * n_kv + h], " with per-layer tables at n_seen ", n_seen);
+        int64_t pages_with_live = 0;
+        for (int p = 0; p * bs < lk.n_slots; ++p) {
+          bool live = false;
+          for (int slot = p * bs; slot < std::min(lk.n_slots, (p + 1) * bs); ++slot) live = live || lk.is_valid(slot, h);
+          pages_with_live += live ? 1 : 0;
+        }
+        if (kv.head_blocks(s, l, h) != pages_with_live && failure.empty())
+          failure = str_cat("layer ", l, " head ", h, ": ", kv.head_blocks(s, l, h), " blocks held for ",
+                            pages_with_live, " pages with a live token at n_seen ", n_seen);
+      }
+    }
+    if (head_tables.sequence_stats(s).kv_bytes_current > layer_bytes[step] && failure.empty())
+      failure = str_cat(head_tables.sequence_stats(s).kv_bytes_current, " KV bytes with per-head tables > ",
+                        layer_bytes[step], " with per-layer tables at n_seen ", n_seen);
+    ++step;
+  });
+  if (!failure.empty()) return Verdict::fail(failure);
+  if (got.size() != want.size()) return Verdict::fail("a different number of logits with per-head tables");
+  for (size_t i = 0; i < got.size(); ++i)
+    if (std::memcmp(&got[i], &want[i], sizeof(float)) != 0)
+      return Verdict::fail(str_cat("logit ", i, ": ", got[i], " with per-head tables vs ", want[i],
+                                   " with per-layer tables (must be equal bit for bit)"));
+  return Verdict::pass();
+}
+
 Verdict engine_batched_reset(const PolicyRegistry& r, const Case& c) {
   const Model& m = engine::tiny_model();
   const auto ta = engine::random_tokens(kTokens, 5), tb = engine::random_tokens(kTokens, 6);
@@ -392,6 +452,7 @@ const std::vector<Check>& engine_checks() {
       {"engine.mask_equals_dense", true, engine_mask_equals_dense},
       {"engine.resident_within_budget", true, engine_resident_within_budget},
       {"engine.batched_reset", true, engine_batched_reset},
+      {"engine.per_head_tables", true, engine_per_head_tables},
   };
   return checks;
 }

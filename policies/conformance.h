@@ -20,6 +20,9 @@
 //   engine.resident_within_budget  per step, per layer and KV head; fewer KV bytes than full
 //                                  when the budget is under half the length; evicts evicts
 //   engine.batched_reset           batch of two == alone (1e-5), reset == new (exact)
+//   engine.per_head_tables         per-head block tables: logits == per-layer tables' bit for
+//                                  bit, same tokens resident, a head holds blocks only where it
+//                                  has a live token (KvStore "Per-head block tables")
 #pragma once
 
 #include <functional>

@@ -298,11 +298,13 @@ ModelConfig tiny_config() {
 struct EngineRun {
   std::vector<float> logits;                 // prefill's last row, then every decode step
   std::vector<std::vector<int64_t>> resident;  // [layer][kv_head] at the end
+  std::vector<std::vector<int64_t>> blocks;    // [layer][kv_head] KvStore::head_blocks at the end
   size_t kv_bytes = 0;
 };
 
-EngineRun run(const Model& m, const std::string& device, const P& params) {
+EngineRun run(const Model& m, const std::string& device, const P& params, bool per_head_tables = false) {
   EngineOptions o;
+  o.kv_per_head_tables = per_head_tables;
   o.threads = 1;
   o.block_size_tokens = 16;
   o.prefill_chunk_tokens = 13;
@@ -321,8 +323,12 @@ EngineRun run(const Model& m, const std::string& device, const P& params) {
     out.logits.insert(out.logits.end(), lg.begin(), lg.end());
   }
   out.resident.assign(2, std::vector<int64_t>(2));
+  out.blocks = out.resident;
   for (int l = 0; l < 2; ++l)
-    for (int h = 0; h < 2; ++h) out.resident[l][h] = e.kv().resident_tokens(s, l, h);
+    for (int h = 0; h < 2; ++h) {
+      out.resident[l][h] = e.kv().resident_tokens(s, l, h);
+      out.blocks[l][h] = e.kv().head_blocks(s, l, h);
+    }
   out.kv_bytes = e.sequence_stats(s).kv_bytes_current;
   e.end_sequence(s);
   return out;
@@ -344,6 +350,39 @@ TEST(DuoEngine, ResidentPerKvHeadAndBlocksFreedForStreamingLayers) {
   EXPECT_EQ(full.kv_bytes % 18, 0u);
   EXPECT_LE(d.kv_bytes, (9 + 3) * block_bytes);
   EXPECT_GE(d.kv_bytes, (9 + 1) * block_bytes);
+}
+
+// With per-head block tables the streaming heads give their blocks back although the retrieval
+// head of their layer keeps everything: bytes follow each head's own budget.
+TEST(DuoEngine, PerHeadTablesFreeTheStreamingHeadsBlocks) {
+  auto model = make_random_model(tiny_config(), DType::kF32, 5);
+  const P duo{{"heads", testing::duo_test_head_file()}, {"retrieval_fraction", 0.25},
+              {"sinks", int64_t(4)}, {"recent", int64_t(12)}};
+  const EngineRun layer_tables = run(*model, "cpu", duo);
+  const EngineRun head_tables = run(*model, "cpu", duo, /*per_head_tables=*/true);
+  EXPECT_EQ(head_tables.logits, layer_tables.logits);  // bit for bit (same slots, same order)
+  EXPECT_EQ(head_tables.resident, layer_tables.resident);
+  // Per-layer tables: every head of layer 1 holds the retrieval head's 9 blocks of 16 slots.
+  EXPECT_EQ(layer_tables.blocks[1][0], 9);
+  EXPECT_EQ(layer_tables.blocks[1][1], 9);
+  // Per-head tables: the retrieval head (layer 1, KV head 1) holds ceil(130 / 16) = 9 one-head
+  // blocks; each streaming head's 16 tokens (4 sinks, 12 recent) lie in at most 3 pages (the
+  // sinks' page and the recent run's one or two).
+  EXPECT_EQ(head_tables.blocks[1][1], 9);
+  for (auto [l, h] : {std::pair{0, 0}, {0, 1}, {1, 0}}) {
+    EXPECT_GE(head_tables.blocks[l][h], 1) << l << " " << h;
+    EXPECT_LE(head_tables.blocks[l][h], 3) << l << " " << h;
+  }
+  // A one-head block is half a two-head block: bytes = head blocks x (layer-table block / 2).
+  const size_t one_head_block = layer_tables.kv_bytes / (layer_tables.blocks[0][0] + layer_tables.blocks[1][0]) / 2;
+  int64_t head_block_sum = 0;
+  for (const auto& layer : head_tables.blocks)
+    for (int64_t b : layer) head_block_sum += b;
+  EXPECT_EQ(head_tables.kv_bytes, size_t(head_block_sum) * one_head_block);
+  // Layer 1 holds at most 9 + 3 one-head blocks where per-layer tables hold 9 two-head ones (18);
+  // layer 0 (both heads streaming) the same bytes either way.
+  EXPECT_LE(head_tables.blocks[1][0] + head_tables.blocks[1][1], 12);
+  EXPECT_LT(head_tables.kv_bytes, layer_tables.kv_bytes);
 }
 
 void device_equals_the_cpu(const std::string& device) {

@@ -130,5 +130,10 @@ TEST(EngineConformance, MixedLengthBatchWastesUnderFivePercent) {
 
 TEST(EngineConformance, BatchedEqualsAloneAndResetEqualsNew) { expect_passes("engine.batched_reset"); }
 
+TEST(EngineConformance, PerHeadBlockTablesEqualPerLayerTablesBitForBit) {
+  const size_t n_cases = conformance::cases(registry(), registry().names()).size();
+  EXPECT_EQ(expect_passes("engine.per_head_tables"), static_cast<int>(n_cases));
+}
+
 }  // namespace
 }  // namespace kvlab

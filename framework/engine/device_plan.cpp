@@ -12,7 +12,12 @@ int pages_in_use(const LayerKv& kv) {
   return (kv.n_slots + kv.view.page_size - 1) / kv.view.page_size;
 }
 
-int32_t block_of(const LayerKv& kv, int page) { return kv.view.indices[kv.view.indptr[0] + page]; }
+// The device mirrors keep per-layer block tables only (the engine refuses kv_tables = per_head on
+// a device backend: engine.cpp).
+int32_t block_of(const LayerKv& kv, int page) {
+  KVLAB_CHECK(kv.view.table_heads == 1, "per-head block tables on a device path");
+  return kv.view.indices[kv.view.indptr[0] + page];
+}
 
 // The pages holding kv's slots, their entries in [page][kv_head][entry] order: value(slot, h)
 // for slots in use, -1 past n_slots.

@@ -83,10 +83,10 @@ KvStoreConfig store_config(const ModelConfig& c, const EngineOptions& o) {
   kc.group_size = o.kv_group_size;
   kc.residual = o.kv_residual;
   kc.values_alias_keys = c.mla();  // the latent row [c ; k_rope] is the key and (its first r features) the value
-  const size_t block_bytes =
-      (kc.values_alias_keys ? size_t{1} : size_t{2}) * KvBlockLayout{o.kv_format, o.block_size_tokens, c.n_kv_heads, c.head_dim, o.kv_group_size}.block_bytes();
-  const size_t blocks_per_seq =
-      static_cast<size_t>(c.n_layers) * ((o.max_tokens + o.block_size_tokens - 1) / o.block_size_tokens);
+  kc.per_head_tables = o.kv_per_head_tables;
+  const size_t block_bytes = kv_block_bytes(kc);  // one head's with per-head tables
+  const size_t blocks_per_seq = static_cast<size_t>(c.n_layers) * (kc.per_head_tables ? c.n_kv_heads : 1) *
+                                ((o.max_tokens + o.block_size_tokens - 1) / o.block_size_tokens);
   kc.budget_bytes = o.kv_budget_bytes ? o.kv_budget_bytes : blocks_per_seq * o.max_batch * block_bytes;
   return kc;
 }
@@ -124,6 +124,9 @@ Engine::Engine(const Model& model, const EngineOptions& opts)
   if (opts.device != Device::kCpu && opts.kv_format != KvFormat::kF32)
     fail("engine: KV format ", kv_format_name(opts.kv_format), " is not available with the ", device_name(opts.device),
          " backend (its kernels read f32 host pages; choose the device pool's precision with the device dtype)");
+  if (opts.kv_per_head_tables && opts.device != Device::kCpu)
+    fail("engine: per-head block tables (kv.block_tables: per_head) are not available with the ", device_name(opts.device),
+         " backend (its KV mirror keeps one block table per layer; use device cpu or kv.block_tables: per_layer)");
   if (c.mla() && opts.device != Device::kCpu)
     fail("engine: multi-head latent attention (", c.arch, ", MLA) is not supported by the ", device_name(opts.device),
          " backend yet (use device cpu)");
@@ -233,6 +236,7 @@ SequenceStats Engine::sequence_stats(SeqId seq) const {
     st.attended_achieved_mean = s.attended.achieved_sum / s.decode_steps;
   }
   st.resident_at_prompt_end = s.resident_at_prompt_end;
+  st.resident_bytes_at_prompt_end = s.resident_bytes_at_prompt_end;
   st.tokens_at_prompt_end = s.tokens_at_prompt_end;
   st.blocks_current = s.blocks_current;
   st.blocks_peak = s.blocks_peak;
@@ -309,9 +313,13 @@ StepStatus Engine::prefill(SeqId seq, std::span<const int32_t> tokens, std::vect
   }
   if (prompt_end) {
     s.resident_at_prompt_end.clear();
+    s.resident_bytes_at_prompt_end.clear();
     s.tokens_at_prompt_end = s.n_tokens;
     for (int l = 0; l < c.n_layers; ++l)
-      for (int h = 0; h < c.n_kv_heads; ++h) s.resident_at_prompt_end.push_back(store_->resident_tokens(seq, l, h));
+      for (int h = 0; h < c.n_kv_heads; ++h) {
+        s.resident_at_prompt_end.push_back(store_->resident_tokens(seq, l, h));
+        s.resident_bytes_at_prompt_end.push_back(static_cast<int64_t>(store_->head_bytes(seq, l, h)));
+      }
   }
   return StepStatus::kOk;
 }

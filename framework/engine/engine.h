@@ -80,6 +80,10 @@ struct EngineOptions {
   bool kv_fp8_scale_from_prompt = false;
   int kv_group_size = 32;        // int4 / int2 (KIVI): G and R (KvStoreConfig)
   int kv_residual = 128;
+  // One block table per KV head (KvStore "Per-head block tables"): per-head budgets (adakv, duo)
+  // then differ in bytes resident, not only in tokens; outputs are bit-identical either way.
+  // CPU backend only (Error otherwise), not with KIVI formats.
+  bool kv_per_head_tables = false;
   int max_batch = 1;             // sizes the default KV budget (decode takes any batch size)
   // Most tokens one sequence may take; 0 = the model's max_seq_len (then options() reports it).
   // Past max_seq_len the model sees RoPE positions it was not trained on -- what a StreamingLLM
@@ -142,6 +146,9 @@ struct SequenceStats {
   // l * n_kv_heads + h, right after the prefill that ended the prompt (Engine::prefill
   // prompt_end), i.e. after a prompt-end policy compressed; empty when no prompt end was fed.
   std::vector<int64_t> resident_at_prompt_end;
+  // Bytes of the KV pool holding each (layer, KV head)'s rows then (KvStore::head_bytes; they
+  // differ per head only with per-head block tables), same order.
+  std::vector<int64_t> resident_bytes_at_prompt_end;
   int64_t tokens_at_prompt_end = 0;  // tokens fed when the prompt ended
 };
 

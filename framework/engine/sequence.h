@@ -47,6 +47,7 @@ struct Sequence {
   int64_t blocks_current = 0, blocks_peak = 0;
   AttendedCounts attended;
   std::vector<int64_t> resident_at_prompt_end;  // SequenceStats
+  std::vector<int64_t> resident_bytes_at_prompt_end;
   int64_t tokens_at_prompt_end = 0;
   ProbeState probe;
   // The layer being computed (filled by AttentionStep::prepare, read by the backend's attention

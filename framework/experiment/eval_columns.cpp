@@ -102,24 +102,34 @@ void add_sequence_attrs(AttrMap& a, const std::vector<SequenceStats>& stats, con
 // Achieved memory after the prompt (POLICIES.md 9): kv_resident_tokens [trials, n_layers,
 // n_kv_heads] (tokens per layer and KV head right after the prompt-end prefill; bytes =
 // tokens x bytes_per_token_per_head) and kv_kept_fraction (resident / (prompt tokens x layers x
-// KV heads), the mean over trials: the measured 1 - compression ratio). Written only when every
-// trial fed a prompt end.
+// KV heads), the mean over trials: the measured 1 - compression ratio), and kv_resident_bytes
+// [trials, n_layers, n_kv_heads], the pool bytes holding each head's rows then
+// (KvStore::head_bytes: per-head with per-head block tables, the head's share of its layer's
+// blocks otherwise). Written only when every trial fed a prompt end.
 void add_resident_datasets(CellRecord& rec, const std::vector<SequenceStats>& stats,
                            const ModelConfig& config) {
   const size_t per = size_t(config.n_layers) * config.n_kv_heads;
-  std::vector<int64_t> resident;
+  std::vector<int64_t> resident, bytes;
   double fraction = 0;
   for (const SequenceStats& s : stats) {
     if (s.resident_at_prompt_end.size() != per || s.tokens_at_prompt_end <= 0) return;
     int64_t sum = 0;
     for (int64_t r : s.resident_at_prompt_end) resident.push_back(r), sum += r;
     fraction += double(sum) / (double(s.tokens_at_prompt_end) * double(per));
+    if (s.resident_bytes_at_prompt_end.size() == per)
+      bytes.insert(bytes.end(), s.resident_bytes_at_prompt_end.begin(), s.resident_bytes_at_prompt_end.end());
   }
   if (stats.empty()) return;
+  const std::vector<uint64_t> shape = {uint64_t(stats.size()), uint64_t(config.n_layers), uint64_t(config.n_kv_heads)};
   Dataset d = column(resident);
-  d.shape = {uint64_t(stats.size()), uint64_t(config.n_layers), uint64_t(config.n_kv_heads)};
+  d.shape = shape;
   d.attrs["bytes_per_token_per_head"] = int64_t(2) * config.head_dim * int64_t(sizeof(float));
   rec.datasets["kv_resident_tokens"] = std::move(d);
+  if (bytes.size() == resident.size()) {
+    Dataset b = column(bytes);
+    b.shape = shape;
+    rec.datasets["kv_resident_bytes"] = std::move(b);
+  }
   rec.attrs["kv_kept_fraction"] = fraction / double(stats.size());
 }
 

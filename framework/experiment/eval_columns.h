@@ -89,8 +89,8 @@ void add_sequence_attrs(AttrMap& a, const std::vector<SequenceStats>& stats, con
 // probe_layers [L], probe_samples_per_layer [L], attention_recall_per_layer [L],
 // output_rel_error_per_layer [L], pooled over `stats`; nothing when no sequence was probed.
 void add_probe_layer_datasets(std::map<std::string, Dataset>& datasets, const std::vector<SequenceStats>& stats);
-// kv_resident_tokens [samples, n_layers, n_kv_heads] and the attribute kv_kept_fraction, when
-// every sample fed a prompt end.
+// kv_resident_tokens and kv_resident_bytes [samples, n_layers, n_kv_heads] and the attribute
+// kv_kept_fraction, when every sample fed a prompt end.
 void add_resident_datasets(CellRecord& rec, const std::vector<SequenceStats>& stats, const ModelConfig& config);
 // needle_kept int8 [samples, n_layers, n_kv_heads, max needle tokens] (1 kept, 0 evicted, -1 past
 // a shorter needle), when every sample recorded one.

@@ -62,7 +62,7 @@ void parse_model(const Reader& r, const YAML::Node& node, const fs::path& file, 
 }
 
 void parse_kv(const Reader& r, const YAML::Node& node, KvSpec& kv) {
-  r.expect_map(node, "kv", {"block_size", "budget_bytes", "format", "fp8_scale", "group_size", "residual"});
+  r.expect_map(node, "kv", {"block_size", "block_tables", "budget_bytes", "format", "fp8_scale", "group_size", "residual"});
   if (node["format"]) {
     std::vector<std::string> names;
     for (KvFormat f : kAllKvFormats) names.push_back(kv_format_name(f));
@@ -103,6 +103,13 @@ void parse_kv(const Reader& r, const YAML::Node& node, KvSpec& kv) {
       r.error(b, "kv.budget_bytes", "expected a byte size such as 4096, \"64MiB\" or \"2GB\", got ",
               Reader::describe(b));
     }
+  }
+  if (node["block_tables"]) {
+    kv.per_head_tables = r.get_choice(node["block_tables"], "kv.block_tables", {"per_layer", "per_head"}) == "per_head";
+    for (const std::string& f : kv.formats)
+      if (kv.per_head_tables && (f == "int4" || f == "int2"))
+        r.error(node["block_tables"], "kv.block_tables", "per_head cannot hold kv.format ", f,
+                " (KIVI's quantised rows never move, so a head's holes are never compacted); use per_layer");
   }
 }
 

@@ -65,6 +65,9 @@ struct KvSpec {
   bool fp8_scale_from_prompt = false;  // fp8_scale: prompt (EngineOptions::kv_fp8_scale_from_prompt)
   int group_size = 32;         // int4 / int2 (KIVI): G, and the R newest tokens kept fp32
   int residual = 128;
+  // block_tables: per_layer (default) | per_head: one block table per KV head, so per-head budgets
+  // (adakv, duo) differ in bytes (KvStore "Per-head block tables"); the numbers are bit-identical.
+  bool per_head_tables = false;
   SourceRef format_ref;        // where format was set (errors)
 };
 

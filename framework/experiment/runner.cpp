@@ -89,6 +89,7 @@ KvStoreConfig store_config(const ExperimentSpec& spec, const ModelConfig& c, con
                    spec.kv.group_size, spec.kv.residual};
   parse_kv_format(format, &kc.format);  // checked when parsed
   kc.values_alias_keys = c.mla();  // MLA's latent cache: one row per token (kv_store.h)
+  kc.per_head_tables = spec.kv.per_head_tables;
   return kc;
 }
 
@@ -194,6 +195,7 @@ std::string cell_identity(const ExperimentSpec& spec, const RunSpec& run,
   line("device", in.device);
   line("kv.block_size", spec.kv.block_size_tokens);
   line("kv.budget_bytes", spec.kv.budget_bytes);
+  if (spec.kv.per_head_tables) line("kv.block_tables", "per_head");  // per_layer: the identity of before
   if (run.kv_format != "f32")  // f32: the identity of before
     line("kv.format", run.kv_format, " fp8_scale ",
          spec.kv.fp8_scale_from_prompt ? std::string("prompt") : str_cat(spec.kv.fp8_scale),
@@ -273,9 +275,9 @@ int run_experiment(const ExperimentSpec& spec, const RunOptions& o) {
   // A pool that cannot hold one token (a block in every layer) is an error before any file.
   for (const std::string& format : spec.kv.formats) {
     if (spec.kv.budget_bytes == 0) break;
-    const KvFormat kv_format = store_config(spec, config, format).format;
-    const uint64_t block_bytes =
-        uint64_t(2) * KvBlockLayout{kv_format, spec.kv.block_size_tokens, config.n_kv_heads, config.head_dim, spec.kv.group_size}.block_bytes();
+    const KvStoreConfig kc = store_config(spec, config, format);
+    // The blocks one token takes: one per layer, or one per (layer, KV head) with per-head tables.
+    const uint64_t block_bytes = uint64_t(kv_block_bytes(kc)) * (kc.per_head_tables ? config.n_kv_heads : 1);
     if (spec.kv.budget_bytes / block_bytes < uint64_t(config.n_layers))
       fail(spec.file.string(), ": kv.budget_bytes = ", spec.kv.budget_bytes, " bytes holds ",
            spec.kv.budget_bytes / block_bytes, " KV blocks of ", block_bytes, " bytes (kv.block_size ",
@@ -393,6 +395,7 @@ int run_experiment(const ExperimentSpec& spec, const RunOptions& o) {
   eo.threads = o.threads >= 0 ? o.threads : spec.model.threads;
   eo.block_size_tokens = spec.kv.block_size_tokens;
   eo.kv_budget_bytes = spec.kv.budget_bytes;
+  eo.kv_per_head_tables = spec.kv.per_head_tables;
   eo.prefill_chunk_tokens = spec.engine.prefill_chunk_tokens;
   eo.probe = spec.engine.probe;
   eo.probe_every = spec.engine.probe_every;

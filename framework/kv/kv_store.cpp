@@ -37,31 +37,45 @@ KvBlockLayout checked_layout(const KvStoreConfig& c) {
     if (c.residual < 0 || c.residual % G != 0)
       fail("KvStoreConfig: residual ", c.residual, " must be a non-negative multiple of group_size ", G);
   }
-  return {c.format, c.block_size_tokens, c.n_kv_heads, c.head_dim, kv_format_is_kivi(c.format) ? c.group_size : 32};
+  if (c.per_head_tables && kv_format_is_kivi(c.format))
+    fail("KvStoreConfig: per-head block tables cannot hold KV format ", kv_format_name(c.format),
+         " (KIVI's quantised rows never move, so a head's holes are never compacted into fewer blocks); "
+         "choose per-layer tables or another format");
+  // A block holds every KV head of a page, or one head's rows with per-head tables.
+  return {c.format, c.block_size_tokens, c.per_head_tables ? 1 : c.n_kv_heads, c.head_dim,
+          kv_format_is_kivi(c.format) ? c.group_size : 32};
 }
 
 // Arenas a block occupies: K and V, or one when values alias keys.
 size_t arenas(const KvStoreConfig& c) { return c.values_alias_keys ? 1 : 2; }
 
 int64_t pool_blocks(const KvStoreConfig& c) {
-  const size_t block_bytes = arenas(c) * checked_layout(c).block_bytes();
-  const size_t n = c.budget_bytes / block_bytes;
+  const size_t n = c.budget_bytes / kv_block_bytes(c) + (c.per_head_tables ? 1 : 0);  // + the hole block
   return static_cast<int64_t>(std::min<size_t>(n, (size_t{1} << 31) - 1));
 }
 
 
 }  // namespace
 
+size_t kv_block_bytes(const KvStoreConfig& c) { return arenas(c) * checked_layout(c).block_bytes(); }
+
 double kv_bytes_per_token(const KvStoreConfig& c) {
-  const KvBlockLayout layout = checked_layout(c);
-  return static_cast<double>(arenas(c)) * static_cast<double>(layout.block_bytes()) * c.n_layers / c.block_size_tokens;
+  const int tables = c.per_head_tables ? c.n_kv_heads : 1;
+  return static_cast<double>(kv_block_bytes(c)) * tables * c.n_layers / c.block_size_tokens;
 }
 
 KvStore::KvStore(const KvStoreConfig& config)
     : config_(config),
+      tables_(config.per_head_tables ? std::max(1, config.n_kv_heads) : 1),
       layout_(checked_layout(config)),
       block_bytes_(arenas(config) * layout_.block_bytes()),
       pool_(pool_blocks(config), layout_.block_bytes(), config.values_alias_keys) {
+  if (config.per_head_tables) {
+    hole_block_ = pool_.allocate();
+    if (hole_block_ < 0) fail("KvStoreConfig: budget_bytes ", config.budget_bytes, " holds no block");
+    std::memset(pool_.k(hole_block_), 0, layout_.block_bytes());
+    if (!config.values_alias_keys) std::memset(pool_.v(hole_block_), 0, layout_.block_bytes());
+  }
   if (kv_format_has_head_scale(config.format)) {
     k_head_scale_.assign(static_cast<size_t>(config.n_layers) * config.n_kv_heads, config.fp8_scale);
     v_head_scale_ = k_head_scale_;
@@ -70,7 +84,15 @@ KvStore::KvStore(const KvStoreConfig& config)
 
 KvStore::~KvStore() = default;
 
-size_t KvStore::row_offset(int entry, int kv_head) const { return layout_.row_offset(kv_head, entry); }
+size_t KvStore::row_offset(int entry, int kv_head) const { return layout_.row_offset(tables_ == 1 ? kv_head : 0, entry); }
+size_t KvStore::meta_offset(int entry, int kv_head) const { return layout_.meta_offset(tables_ == 1 ? kv_head : 0, entry); }
+int32_t& KvStore::entry(LayerTable& lc, int page, int kv_head) const {
+  return lc.blocks[static_cast<size_t>(page) * tables_ + table_of(kv_head)];
+}
+int32_t KvStore::entry(const LayerTable& lc, int page, int kv_head) const {
+  return lc.blocks[static_cast<size_t>(page) * tables_ + table_of(kv_head)];
+}
+int KvStore::n_table_pages(const LayerTable& lc) const { return static_cast<int>(lc.blocks.size()) / tables_; }
 
 void KvStore::check_fp8_scales(const char* what, int layer, const float* k_scales, const float* v_scales) const {
   if (!kv_format_has_head_scale(config_.format))
@@ -118,9 +140,8 @@ void KvStore::move_row(int32_t dst_b, size_t dst_entry, int32_t src_b, size_t sr
   std::memcpy(pool_.k(dst_b) + row_offset(e0, kv_head), pool_.k(src_b) + row_offset(e1, kv_head), rb);
   if (!alias) std::memcpy(pool_.v(dst_b) + row_offset(e0, kv_head), pool_.v(src_b) + row_offset(e1, kv_head), rb);
   if (const int mb = kv_format_row_meta_bytes(layout_.format); mb > 0) {
-    std::memcpy(pool_.k(dst_b) + layout_.meta_offset(kv_head, e0), pool_.k(src_b) + layout_.meta_offset(kv_head, e1), mb);
-    if (!alias)
-      std::memcpy(pool_.v(dst_b) + layout_.meta_offset(kv_head, e0), pool_.v(src_b) + layout_.meta_offset(kv_head, e1), mb);
+    std::memcpy(pool_.k(dst_b) + meta_offset(e0, kv_head), pool_.k(src_b) + meta_offset(e1, kv_head), mb);
+    if (!alias) std::memcpy(pool_.v(dst_b) + meta_offset(e0, kv_head), pool_.v(src_b) + meta_offset(e1, kv_head), mb);
   }
 }
 
@@ -187,7 +208,7 @@ SeqId KvStore::fork(SeqId parent) {
     const LayerTable& src = p.layers[l];
     LayerTable& dst = c.layers[l];
     const int used = static_cast<int>(ceil_div(src.n_slots, bs));
-    dst.blocks.assign(src.blocks.begin(), src.blocks.begin() + used);
+    dst.blocks.assign(src.blocks.begin(), src.blocks.begin() + static_cast<ptrdiff_t>(used) * tables_);
     for (int32_t b : dst.blocks) pool_.retain(b);
     dst.n_slots = src.n_slots;
     dst.k_scale = src.k_scale;  // the shared rows were stored with them
@@ -215,11 +236,12 @@ int64_t KvStore::write_begin(const LayerTable& lc) const {
 int64_t KvStore::layer_blocks_needed(const LayerTable& lc, int n_new) const {
   const int bs = config_.block_size_tokens;
   const int64_t cursor = lc.n_slots + lc.pending;  // next slot to be written
-  const int64_t have = static_cast<int64_t>(lc.blocks.size());
-  const int64_t fresh = std::max<int64_t>(0, ceil_div(cursor + n_new, bs) - have);
-  int64_t copies = 0;  // shared blocks that the new slots would write into
+  const int64_t have = n_table_pages(lc);
+  const int64_t fresh = std::max<int64_t>(0, ceil_div(cursor + n_new, bs) - have) * tables_;
+  int64_t copies = 0;  // shared blocks (the hole block among them) that the new slots would write into
   for (int64_t b = write_begin(lc) / bs; b < have && b * bs < cursor + n_new; ++b)
-    if (pool_.ref_count(lc.blocks[b]) > 1) ++copies;
+    for (int t = 0; t < tables_; ++t)
+      if (pool_.ref_count(lc.blocks[static_cast<size_t>(b) * tables_ + t]) > 1) ++copies;
   return fresh + copies;
 }
 
@@ -250,21 +272,26 @@ AllocStatus KvStore::reserve(SeqId seq, int n_new) {
   stored_any_ = true;  // here, not in append: appends to different sequences may run concurrently
   for (LayerTable& lc : s.layers) {
     const int64_t cursor = lc.n_slots + lc.pending;
-    const int64_t have = static_cast<int64_t>(lc.blocks.size());
+    const int64_t have = n_table_pages(lc);
     for (int64_t b = write_begin(lc) / bs; b < have && b * bs < cursor + n_new; ++b) {
-      const int32_t old = lc.blocks[b];
-      if (pool_.ref_count(old) <= 1) continue;
-      const int32_t fresh = pool_.allocate();
-      KVLAB_CHECK(fresh >= 0);
-      copy_block(fresh, old);
-      ++lc.data_version;
-      pool_.release(old);
-      lc.blocks[b] = fresh;
+      for (int t = 0; t < tables_; ++t) {
+        int32_t& e = lc.blocks[static_cast<size_t>(b) * tables_ + t];
+        const int32_t old = e;
+        if (pool_.ref_count(old) <= 1) continue;
+        const int32_t fresh = pool_.allocate();
+        KVLAB_CHECK(fresh >= 0);
+        copy_block(fresh, old);
+        ++lc.data_version;
+        pool_.release(old);
+        e = fresh;
+      }
     }
-    while (static_cast<int64_t>(lc.blocks.size()) * bs < cursor + n_new) {
-      const int32_t fresh = pool_.allocate();
-      KVLAB_CHECK(fresh >= 0);
-      lc.blocks.push_back(fresh);
+    while (static_cast<int64_t>(n_table_pages(lc)) * bs < cursor + n_new) {
+      for (int t = 0; t < tables_; ++t) {
+        const int32_t fresh = pool_.allocate();
+        KVLAB_CHECK(fresh >= 0);
+        lc.blocks.push_back(fresh);
+      }
     }
     lc.pending += n_new;
   }
@@ -278,9 +305,9 @@ int KvStore::append(SeqId seq, int layer, int64_t position, const float* k, cons
     fail("KvStore::append: sequence ", seq, " layer ", layer, " has no reserved slot (call reserve)");
   const int bs = config_.block_size_tokens;
   const int slot = lc.n_slots;
-  const int32_t block = lc.blocks[slot / bs];
-  KVLAB_CHECK(pool_.ref_count(block) == 1, "append into a shared block");
   const int H = config_.n_kv_heads, D = config_.head_dim;
+  for (int t = 0; t < tables_; ++t)
+    KVLAB_CHECK(pool_.ref_count(entry(lc, slot / bs, t)) == 1, "append into a shared block");
   // Order contract (policy.h): positions increase with the slot.
   if (slot > 0)
     for (int h = 0; h < H; ++h)
@@ -313,14 +340,14 @@ int KvStore::append(SeqId seq, int layer, int64_t position, const float* k, cons
              " feature cannot be stored as ", kv_format_name(fmt));
     }
   }
-  uint8_t* kb = pool_.k(block);
-  uint8_t* vb = pool_.v(block);
   if (lc.page_stats && slot % bs == 0) {  // a new page: the empty bounds
     lc.key_max.resize(lc.key_max.size() + static_cast<size_t>(H) * D, -std::numeric_limits<float>::infinity());
     lc.key_min.resize(lc.key_min.size() + static_cast<size_t>(H) * D, std::numeric_limits<float>::infinity());
   }
   for (int h = 0; h < H; ++h) {
     const float* key = k + static_cast<size_t>(h) * D;  // as stored: f32's row, else decoded
+    uint8_t* kb = pool_.k(entry(lc, slot / bs, h));
+    uint8_t* vb = pool_.v(entry(lc, slot / bs, h));
     if (kv_format_is_kivi(fmt)) {
       lc.res_k.insert(lc.res_k.end(), k + static_cast<size_t>(h) * D, k + static_cast<size_t>(h + 1) * D);
       lc.res_v.insert(lc.res_v.end(), v + static_cast<size_t>(h) * D, v + static_cast<size_t>(h + 1) * D);
@@ -331,8 +358,8 @@ int KvStore::append(SeqId seq, int layer, int64_t position, const float* k, cons
       std::memcpy(kb + row_offset(slot % bs, h), enc.data() + h * rb, rb);
       std::memcpy(vb + row_offset(slot % bs, h), enc.data() + (H + h) * rb, rb);
       if (fmt == KvFormat::kInt8) {
-        std::memcpy(kb + layout_.meta_offset(h, slot % bs), &enc_scale[h], 4);
-        std::memcpy(vb + layout_.meta_offset(h, slot % bs), &enc_scale[H + h], 4);
+        std::memcpy(kb + meta_offset(slot % bs, h), &enc_scale[h], 4);
+        std::memcpy(vb + meta_offset(slot % bs, h), &enc_scale[H + h], 4);
       }
       if (lc.page_stats) {
         const float hs = fmt == KvFormat::kInt8 ? enc_scale[h]
@@ -367,6 +394,7 @@ void KvStore::quantise_group(LayerTable& lc) {
   const size_t row = static_cast<size_t>(H) * D;  // residual floats per slot
   std::vector<float> s(D), z(D), sz(static_cast<size_t>(2 * (D / G)));
   std::vector<uint8_t> live(G);
+  KVLAB_CHECK(tables_ == 1, "KIVI with per-head block tables");  // refused by checked_layout
   for (int b = q / bs; b * bs < q + G; ++b) KVLAB_CHECK(pool_.ref_count(lc.blocks[b]) == 1, "quantising into a shared block");
   for (int h = 0; h < H; ++h) {
     for (int i = 0; i < G; ++i) live[i] = lc.valid[static_cast<size_t>(q + i) * H + h];
@@ -402,7 +430,7 @@ void KvStore::quantise_group(LayerTable& lc) {
 
 void KvStore::decode_key(const LayerTable& lc, int slot, int h, float* out) const {
   const int bs = config_.block_size_tokens, D = config_.head_dim;
-  const uint8_t* kb = pool_.k(lc.blocks[slot / bs]);
+  const uint8_t* kb = pool_.k(entry(lc, slot / bs, h));
   const int e = slot % bs;
   if (kv_format_is_kivi(layout_.format)) {
     if (slot >= lc.q_slots) {
@@ -415,7 +443,7 @@ void KvStore::decode_key(const LayerTable& lc, int slot, int h, float* out) cons
     return;
   }
   float scale = 1.f;
-  if (layout_.format == KvFormat::kInt8) std::memcpy(&scale, kb + layout_.meta_offset(h, e), 4);
+  if (layout_.format == KvFormat::kInt8) std::memcpy(&scale, kb + meta_offset(e, h), 4);
   else if (!lc.k_scale.empty()) scale = lc.k_scale[h];
   kv_decode_row(layout_.format, kb + row_offset(e, h), D, scale, out);
 }
@@ -441,6 +469,7 @@ LayerKv KvStore::layer(SeqId seq, int layer) const {
   }
   kv.view.indptr = lc.indptr;
   kv.view.indices = lc.blocks.data();
+  kv.view.table_heads = tables_;
   kv.view.last_page_len = &lc.last_page_len;
   kv.n_slots = lc.n_slots;
   kv.positions = lc.positions.data();
@@ -455,34 +484,39 @@ LayerKv KvStore::layer(SeqId seq, int layer) const {
 
 KvStats KvStore::stats() const {
   const int H = config_.n_kv_heads, bs = config_.block_size_tokens;
+  const int hb = H / tables_;  // KV heads per block
+  const int64_t hole = hole_block_ >= 0 ? 1 : 0;  // the hole block: in blocks_total only
   KvStats st;
   st.blocks_total = pool_.n_blocks();
-  st.blocks_in_use = pool_.n_in_use();
-  st.blocks_peak = pool_.peak_in_use();
+  st.blocks_in_use = pool_.n_in_use() - hole;
+  st.blocks_peak = pool_.peak_in_use() - hole;
   st.bytes_in_use = static_cast<size_t>(st.blocks_in_use) * block_bytes_;
   st.bytes_peak = static_cast<size_t>(st.blocks_peak) * block_bytes_;
-  st.slots_allocated = st.blocks_in_use * bs;
+  st.slots_allocated = st.blocks_in_use * bs * hb / H;  // cells / n_kv_heads
   int64_t live_cells = 0;
   for (const auto& [id, s] : seqs_)
     for (const LayerTable& lc : s->layers)
       for (int64_t n : lc.live) live_cells += n;
   if (pool_.n_shared() > 0) {
     // A cell of a shared block counts once: live if any sequence holding the block has it
-    // live. Only the shared blocks' cells are rescanned.
-    std::unordered_map<int32_t, std::vector<uint8_t>> shared_live;  // block -> [bs * H]
+    // live. Only the shared blocks' cells are rescanned (the hole block's are never live).
+    std::unordered_map<int32_t, std::vector<uint8_t>> shared_live;  // block -> [bs * hb]
     for (const auto& [id, s] : seqs_) {
       for (const LayerTable& lc : s->layers) {
         const int used = static_cast<int>(ceil_div(lc.n_slots, bs));
         for (int b = 0; b < used; ++b) {
-          if (pool_.ref_count(lc.blocks[b]) < 2) continue;
-          std::vector<uint8_t>& cells = shared_live[lc.blocks[b]];
-          cells.resize(static_cast<size_t>(bs) * H, 0);
-          for (int slot = b * bs; slot < std::min(lc.n_slots, (b + 1) * bs); ++slot)
-            for (int h = 0; h < H; ++h)
-              if (lc.valid[static_cast<size_t>(slot) * H + h]) {
-                --live_cells;
-                cells[static_cast<size_t>(slot % bs) * H + h] = 1;
-              }
+          for (int t = 0; t < tables_; ++t) {
+            const int32_t blk = lc.blocks[static_cast<size_t>(b) * tables_ + t];
+            if (pool_.ref_count(blk) < 2 || blk == hole_block_) continue;
+            std::vector<uint8_t>& cells = shared_live[blk];
+            cells.resize(static_cast<size_t>(bs) * hb, 0);
+            for (int slot = b * bs; slot < std::min(lc.n_slots, (b + 1) * bs); ++slot)
+              for (int i = 0; i < hb; ++i)
+                if (lc.valid[static_cast<size_t>(slot) * H + t * hb + i]) {
+                  --live_cells;
+                  cells[static_cast<size_t>(slot % bs) * hb + i] = 1;
+                }
+          }
         }
       }
     }
@@ -490,7 +524,7 @@ KvStats KvStore::stats() const {
       for (uint8_t x : cells) live_cells += x;
   }
   st.slots_valid = live_cells / H;
-  const int64_t alloc_cells = st.slots_allocated * H;
+  const int64_t alloc_cells = st.blocks_in_use * bs * hb;
   st.waste_fraction = alloc_cells == 0 ? 0.0 : 1.0 - static_cast<double>(live_cells) / alloc_cells;
   return st;
 }
@@ -512,7 +546,21 @@ int KvStore::n_slots(SeqId seq, int layer) const { return layer_at(seq, layer).n
 
 int64_t KvStore::sequence_blocks(SeqId seq) const {
   int64_t n = 0;
-  for (const LayerTable& lc : seq_at(seq).layers) n += static_cast<int64_t>(lc.blocks.size());
+  for (const LayerTable& lc : seq_at(seq).layers)
+    for (int32_t b : lc.blocks) n += b != hole_block_ ? 1 : 0;
+  return n;
+}
+
+size_t KvStore::head_bytes(SeqId seq, int layer, int kv_head) const {
+  return static_cast<size_t>(head_blocks(seq, layer, kv_head)) * block_bytes_ / (config_.n_kv_heads / tables_);
+}
+
+int64_t KvStore::head_blocks(SeqId seq, int layer, int kv_head) const {
+  const LayerTable& lc = layer_at(seq, layer);
+  if (kv_head < 0 || kv_head >= config_.n_kv_heads)
+    fail("KvStore::head_blocks: kv_head ", kv_head, " out of range [0, ", config_.n_kv_heads, ")");
+  int64_t n = 0;
+  for (int p = 0; p < n_table_pages(lc); ++p) n += entry(lc, p, kv_head) != hole_block_ ? 1 : 0;
   return n;
 }
 

@@ -57,6 +57,21 @@
 // from its valid cells, and, when blocks were removed or compacted, of every page from the first
 // one that changed (O(tail) for that eviction; policies that keep page stats do not evict).
 //
+// Per-head block tables (KvStoreConfig::per_head_tables; POLICIES.md §13, AdaKV's and
+// DuoAttention's per-head budgets): a block holds ONE KV head's block_size_tokens rows (the
+// block layout with num_kv_heads = 1), and each page of a (sequence, layer) has one block per KV
+// head, its table page-major [pages, n_kv_heads] (kernels/common/paged_kv.h). Slot numbering,
+// positions, valid, compaction and page statistics are exactly as above (so attention reads the
+// same slots in the same order and the outputs equal the per-layer tables' bit for bit); what
+// changes is that a head's block of a page whose cells of that head are all holes is returned
+// to the pool and the entry points at the store's one shared hole block (zeros, never written:
+// it is held like a block shared with another sequence, so any write into it first takes a
+// fresh block, as copy-on-write does). After compaction a head with fewer live tokens than the
+// layer's fullest head therefore holds only ceil(live / block_size) blocks up to there, plus the
+// pages appended since: bytes resident follow each head's own budget (head_blocks()). Not
+// with KIVI formats (Error: their rows never move). The hole block is counted in
+// KvStats::blocks_total only.
+//
 // Values alias keys (KvStoreConfig::values_alias_keys; MLA's latent cache, ModelConfig::mla()):
 // the pool has one arena and a slot's value row IS its key row (LayerKv's v_bytes / v_data equal
 // k_bytes / k_data; append() stores k and ignores v), so a block is half the bytes and
@@ -98,12 +113,16 @@ struct KvStoreConfig {
   int group_size = 32;
   int residual = 128;
   bool values_alias_keys = false;  // see "Values alias keys" above
+  bool per_head_tables = false;    // see "Per-head block tables" above
 };
 
 // Bytes a store of this shape and format keeps per token, K and V (one row when values alias
 // keys), all layers and KV heads:
 // data plus per-row metadata, block padding included (what the pool holds per slot).
 double kv_bytes_per_token(const KvStoreConfig& config);
+// Bytes of one pool block, K and V (one arena when values alias keys): every KV head of a
+// layer's page, or one head's with per-head block tables.
+size_t kv_block_bytes(const KvStoreConfig& config);
 
 struct KvStats {
   int64_t blocks_total = 0, blocks_in_use = 0, blocks_peak = 0;
@@ -135,6 +154,8 @@ class KvStore {
   // are already stored.
   void set_sequence_fp8_scales(SeqId seq, int layer, const float* k_scales, const float* v_scales);
   int64_t free_blocks() const { return pool_.n_free(); }
+  // Per-head block tables: the block every all-hole (page, head) entry points at; -1 otherwise.
+  int32_t hole_block() const { return hole_block_; }
 
   SeqId create_sequence();
   void free_sequence(SeqId seq);  // returns its blocks (those no one else shares) to the pool
@@ -170,6 +191,13 @@ class KvStore {
 
   KvStats stats() const;  // O(sequences x layers), plus the cells of shared blocks
   int64_t resident_tokens(SeqId seq, int layer, int kv_head) const;
+  // Pool blocks holding (seq, layer)'s rows of kv_head: with per-head block tables the head's
+  // own (the hole block not counted), else the layer's, which every head shares. Reserved
+  // blocks included. Times block_bytes(): the bytes the head keeps resident.
+  int64_t head_blocks(SeqId seq, int layer, int kv_head) const;
+  // Pool bytes holding kv_head's rows of (seq, layer): head_blocks x block_bytes(), divided by
+  // the heads a block holds (per-layer tables: the head's share of its layer's blocks).
+  size_t head_bytes(SeqId seq, int layer, int kv_head) const;
   size_t residual_bytes(SeqId seq) const;  // KIVI's fp32 residual over all layers (0 otherwise)
   int n_slots(SeqId seq, int layer) const;
   int64_t sequence_blocks(SeqId seq) const;  // block-table entries over all layers (incl. reserved)
@@ -201,13 +229,24 @@ class KvStore {
   void recompute_page(LayerTable& lc, int page);
   void trim_trailing_blocks(LayerTable& lc);
   void refresh_view(LayerTable& lc);
-  size_t row_offset(int entry, int kv_head) const;  // bytes from a block's start (codes)
+  size_t row_offset(int entry, int kv_head) const;  // bytes from the start of kv_head's block (codes)
+  size_t meta_offset(int entry, int kv_head) const;  // an int8 row's scale, likewise
+  // The table entry (block id) of (page, kv_head): LayerTable::blocks[page * tables_ + head's table].
+  int32_t& entry(LayerTable& lc, int page, int kv_head) const;
+  int32_t entry(const LayerTable& lc, int page, int kv_head) const;
+  int table_of(int kv_head) const { return tables_ == 1 ? 0 : kv_head; }
+  int n_table_pages(const LayerTable& lc) const;  // pages in the table (used and reserved)
+  // Per-head tables: every (page in [from, to), head) entry whose cells of that head are all
+  // holes goes back to the pool and points at the hole block (no-op with per-layer tables).
+  void release_hole_entries(LayerTable& lc, int from_page, int to_page);
   void move_row(int32_t dst_b, size_t dst_entry, int32_t src_b, size_t src_entry, int kv_head);
   void decode_key(const LayerTable& lc, int slot, int kv_head, float* out) const;  // as stored
   void quantise_group(LayerTable& lc);  // KIVI: slots [q, q + G) into the blocks
   int64_t write_begin(const LayerTable& lc) const;  // first slot the next appends may write
 
   KvStoreConfig config_;
+  int tables_ = 1;           // block-table entries per page: 1, or n_kv_heads (per-head tables)
+  int32_t hole_block_ = -1;  // per-head tables: the shared all-zero block of holes
   KvBlockLayout layout_;     // one arena (K or V) of a block
   size_t block_bytes_ = 0;   // K + V
   std::vector<float> k_head_scale_, v_head_scale_;  // fp8: [n_layers, n_kv_heads] new sequences' scales

@@ -61,6 +61,18 @@ void KvStore::evict(SeqId seq, int layer, const Evictions& ev) {
   remove_empty_blocks(lc, touched);  // sorts and dedups `touched`
   const int compacted_from = maybe_compact(lc);
   trim_trailing_blocks(lc);
+  if (tables_ > 1) {
+    // Per-head tables: a head's block of a page left with only holes of that head goes back.
+    // After a renumbering (removed pages, compaction) every page from the first changed one.
+    const int used = static_cast<int>(ceil_div(lc.n_slots, bs));
+    if (lc.version != version_before) {
+      const int first_touched = touched.empty() ? used : touched.front();
+      release_hole_entries(lc, std::min(first_touched, compacted_from), used);
+    } else {
+      for (int32_t b : touched)
+        if (b < used) release_hole_entries(lc, b, b + 1);
+    }
+  }
   if (lc.page_stats) {
     // Pages before the first touched one keep their cells and numbers (only touched blocks are
     // removed, compaction moves rows from compacted_from on); after a renumbering every later
@@ -81,10 +93,10 @@ void KvStore::evict(SeqId seq, int layer, const Evictions& ev) {
 void KvStore::recompute_page(LayerTable& lc, int page) {
   const int H = config_.n_kv_heads, bs = config_.block_size_tokens, D = config_.head_dim;
   const int first = page * bs, last = std::min(lc.n_slots, first + bs);
-  const uint8_t* kb = pool_.k(lc.blocks[page]);
   thread_local std::vector<float> dec;  // a decoded key (formats other than f32)
   dec.resize(D);
   for (int h = 0; h < H; ++h) {
+    const uint8_t* kb = pool_.k(entry(lc, page, h));
     float* mx = lc.key_max.data() + (static_cast<size_t>(page) * H + h) * D;
     float* mn = lc.key_min.data() + (static_cast<size_t>(page) * H + h) * D;
     std::fill(mx, mx + D, -std::numeric_limits<float>::infinity());
@@ -159,8 +171,9 @@ void KvStore::remove_empty_blocks(LayerTable& lc, std::vector<int32_t>& touched)
       // trim_trailing_blocks returns it to the pool (nothing is pending here).
       lc.n_slots = first;
     } else {
-      pool_.release(lc.blocks[b]);
-      lc.blocks.erase(lc.blocks.begin() + b);
+      const auto e0 = lc.blocks.begin() + static_cast<ptrdiff_t>(b) * tables_;
+      for (auto e = e0; e != e0 + tables_; ++e) pool_.release(*e);
+      lc.blocks.erase(e0, e0 + tables_);
       lc.n_slots -= bs;
       renumbered = true;
     }
@@ -184,17 +197,30 @@ int KvStore::maybe_compact(LayerTable& lc) {
   const int new_n = static_cast<int>(max_live);
   const int first_block = first_hole / bs;
   const int new_used = static_cast<int>(ceil_div(new_n, bs));
-  // Destination blocks shared with another sequence get a fresh private block.
+  // Pages of table t that receive rows: up to its heads' largest live count (every table has
+  // new_used of them with per-layer tables; a head's own with per-head tables).
+  std::vector<int> dst_pages(tables_);
+  for (int t = 0; t < tables_; ++t) {
+    int64_t live_t = 0;
+    for (int h = 0; h < H; ++h)
+      if (table_of(h) == t) live_t = std::max(live_t, lc.live[h]);
+    dst_pages[t] = static_cast<int>(ceil_div(live_t, bs));
+  }
+  // Destination blocks shared with another sequence (or the hole block) get a fresh private one.
   int64_t shared = 0;
-  for (int b = first_block; b < new_used; ++b)
-    if (pool_.ref_count(lc.blocks[b]) > 1) ++shared;
+  for (int t = 0; t < tables_; ++t)
+    for (int b = first_block; b < dst_pages[t]; ++b)
+      if (pool_.ref_count(lc.blocks[static_cast<size_t>(b) * tables_ + t]) > 1) ++shared;
   if (shared > pool_.n_free()) return INT32_MAX;  // compaction is an optimisation: skip it, stay exact
   std::vector<int32_t> dst_blocks = lc.blocks;
-  for (int b = first_block; b < new_used; ++b) {
-    if (pool_.ref_count(lc.blocks[b]) > 1) {
-      // A private copy (rows before first_hole in this block stay as they are).
-      dst_blocks[b] = pool_.allocate();
-      copy_block(dst_blocks[b], lc.blocks[b]);
+  for (int t = 0; t < tables_; ++t) {
+    for (int b = first_block; b < dst_pages[t]; ++b) {
+      const size_t i = static_cast<size_t>(b) * tables_ + t;
+      if (pool_.ref_count(lc.blocks[i]) > 1) {
+        // A private copy (rows before first_hole in this block stay as they are).
+        dst_blocks[i] = pool_.allocate();
+        copy_block(dst_blocks[i], lc.blocks[i]);
+      }
     }
   }
   std::vector<int64_t> new_pos(static_cast<size_t>(new_n) * H, 0);
@@ -211,7 +237,8 @@ int KvStore::maybe_compact(LayerTable& lc) {
     for (int s = first_hole; s < lc.n_slots; ++s) {
       const size_t cell = static_cast<size_t>(s) * H + h;
       if (!lc.valid[cell]) continue;
-      const int32_t src_b = lc.blocks[s / bs], dst_b = dst_blocks[j / bs];
+      const int32_t src_b = entry(lc, s / bs, h);
+      const int32_t dst_b = dst_blocks[static_cast<size_t>(j / bs) * tables_ + table_of(h)];
       const size_t src_off = row_offset(s % bs, h), dst_off = row_offset(j % bs, h);
       if (src_b != dst_b || src_off != dst_off) move_row(dst_b, j % bs, src_b, s % bs, h);
       new_pos[static_cast<size_t>(j) * H + h] = lc.positions[cell];
@@ -223,10 +250,10 @@ int KvStore::maybe_compact(LayerTable& lc) {
     for (; j < new_n; ++j)
       new_pos[static_cast<size_t>(j) * H + h] = j > 0 ? new_pos[static_cast<size_t>(j - 1) * H + h] : 0;
   }
-  for (int b = first_block; b < new_used; ++b) {
-    if (dst_blocks[b] != lc.blocks[b]) {
-      pool_.release(lc.blocks[b]);
-      lc.blocks[b] = dst_blocks[b];
+  for (size_t i = static_cast<size_t>(first_block) * tables_; i < static_cast<size_t>(new_used) * tables_; ++i) {
+    if (dst_blocks[i] != lc.blocks[i]) {
+      pool_.release(lc.blocks[i]);
+      lc.blocks[i] = dst_blocks[i];
     }
   }
   lc.positions = std::move(new_pos);
@@ -239,10 +266,29 @@ int KvStore::maybe_compact(LayerTable& lc) {
 
 void KvStore::trim_trailing_blocks(LayerTable& lc) {
   const int bs = config_.block_size_tokens;
-  const size_t keep = static_cast<size_t>(ceil_div(lc.n_slots + lc.pending, bs));
+  const size_t keep = static_cast<size_t>(ceil_div(lc.n_slots + lc.pending, bs)) * tables_;
   while (lc.blocks.size() > keep) {
     pool_.release(lc.blocks.back());
     lc.blocks.pop_back();
+  }
+}
+
+void KvStore::release_hole_entries(LayerTable& lc, int from_page, int to_page) {
+  if (tables_ == 1 || lc.pending > 0) return;  // (pending: the reservation may rely on the blocks)
+  const int H = config_.n_kv_heads, bs = config_.block_size_tokens;
+  for (int p = std::max(0, from_page); p < std::min(to_page, n_table_pages(lc)); ++p) {
+    const int first = p * bs, last = std::min(lc.n_slots, first + bs);
+    for (int h = 0; h < H; ++h) {
+      int32_t& e = entry(lc, p, h);
+      if (e == hole_block_) continue;
+      bool any_live = false;
+      for (int s = first; s < last && !any_live; ++s) any_live = lc.valid[static_cast<size_t>(s) * H + h] != 0;
+      if (any_live) continue;
+      pool_.release(e);
+      pool_.retain(hole_block_);
+      e = hole_block_;
+      ++lc.data_version;  // a block of the table replaced (its cells were all holes)
+    }
   }
 }
 

@@ -14,7 +14,9 @@ inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 struct KvStore::LayerTable {  // (kv_store.h: "Memory layout")
   int layer = 0;                   // which layer of its sequence
   std::vector<float> k_scale, v_scale;  // fp8: [n_kv_heads] the scales its rows are stored with
-  std::vector<int32_t> blocks;     // block table: used blocks, then reserved ones
+  // Block table: used pages, then reserved ones; [pages, tables] page-major (tables = 1, or
+  // n_kv_heads with per-head block tables: kv_store.h).
+  std::vector<int32_t> blocks;
   int n_slots = 0;                 // slots written (live or holes)
   int pending = 0;                 // reserved slots not yet appended
   std::vector<int64_t> positions;  // [n_slots, n_kv_heads]

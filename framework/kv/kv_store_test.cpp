@@ -20,6 +20,7 @@
 namespace kvlab {
 namespace {
 
+using kv_test::expect_head_blocks_follow_live_cells;
 using kv_test::expect_matches;
 using kv_test::Fixture;
 using kv_test::HeadTokens;
@@ -348,10 +349,11 @@ TEST(KvStore, CompactionSkippedWhenSharedBlocksCannotBeCopied) {
 // checking after every operation that the data is exact and that the blocks in use are exactly
 // the blocks the sequences' tables reference (no leak, no double use).
 TEST(KvStore, RandomOperationsKeepDataAndAccounting) {
+  for (bool per_head : {false, true})
   for (KvFormat format : kRowKvFormats)
   for (int bs : {1, 4, 16}) {
-    SCOPED_TRACE(std::string("format ") + kv_format_name(format));
-    Fixture f(2, 2, 4, bs, bs == 1 ? 200 : (bs == 4 ? 60 : 20), format);
+    SCOPED_TRACE(std::string("format ") + kv_format_name(format) + (per_head ? ", per-head tables" : ""));
+    Fixture f(2, 2, 4, bs, bs == 1 ? 200 : (bs == 4 ? 60 : 20), format, per_head);
     KvStore store(f.cfg);
     std::mt19937 rng(bs);
     RandomStoreWalk<std::vector<HeadTokens>> walk(600, 6, 6, 9);
@@ -377,7 +379,10 @@ TEST(KvStore, RandomOperationsKeepDataAndAccounting) {
         },
         [&](int op, int kind, SeqId s) {
           SCOPED_TRACE("op " + std::to_string(op) + " kind " + std::to_string(kind) + " seq " + std::to_string(s));
-          for (const auto& [id, model] : models) expect_matches(store, id, model);
+          for (const auto& [id, model] : models) {
+            expect_matches(store, id, model);
+            expect_head_blocks_follow_live_cells(store, id);
+          }
           if (HasFatalFailure()) return;
           ASSERT_EQ(store.stats().blocks_in_use, referenced_blocks(store, models)) << "op " << op;
         });
@@ -440,10 +445,12 @@ void expect_page_bounds(const KvStore& store, SeqId seq) {
 }
 
 TEST(KvStore, PageBoundsEqualBruteForceUnderRandomOperations) {
+  for (bool per_head : {false, true})
   for (KvFormat format : {KvFormat::kF32, KvFormat::kBf16, KvFormat::kInt8, KvFormat::kFp8E4m3})
   for (int bs : {1, 3, 7, 16}) {
-    SCOPED_TRACE("block size " + std::to_string(bs) + " format " + kv_format_name(format));
-    Fixture f(2, 2, 5, bs, 4000 / bs + 40, format);
+    SCOPED_TRACE("block size " + std::to_string(bs) + " format " + kv_format_name(format) +
+                 (per_head ? ", per-head tables" : ""));
+    Fixture f(2, 2, 5, bs, 4000 / bs + 40, format, per_head);
     KvStore store(f.cfg);
     std::map<SeqId, std::vector<HeadTokens>> models;
     std::map<SeqId, int64_t> next_pos;
@@ -526,6 +533,7 @@ TEST(KvStore, PageBoundsEqualBruteForceUnderRandomOperations) {
       for (const auto& [id, model] : models) {
         expect_matches(store, id, model);
         expect_page_bounds(store, id);
+        expect_head_blocks_follow_live_cells(store, id, /*exact=*/false);
         if (HasFatalFailure()) return;
       }
     }

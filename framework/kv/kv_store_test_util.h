@@ -31,7 +31,11 @@ struct Fixture {
   std::mt19937 rng{42};
   std::normal_distribution<float> nd{0.f, 1.f};
 
-  Fixture(int layers, int heads, int dim, int bs, int64_t budget_blocks, KvFormat format = KvFormat::kF32) {
+  // budget_blocks: blocks of every KV head of a page (with per-head tables, H times as many
+  // one-head blocks: the same bytes).
+  Fixture(int layers, int heads, int dim, int bs, int64_t budget_blocks, KvFormat format = KvFormat::kF32,
+          bool per_head_tables = false) {
+    cfg.per_head_tables = per_head_tables;
     cfg.n_layers = layers;
     cfg.n_kv_heads = heads;
     cfg.head_dim = dim;
@@ -140,9 +144,37 @@ int64_t referenced_blocks(KvStore& store, const std::map<SeqId, Model>& models) 
   for (const auto& [id, model] : models)
     for (int l = 0; l < store.config().n_layers; ++l) {
       const LayerKv kv = store.layer(id, l);
-      for (int b = 0; b < kv.view.indptr[1]; ++b) referenced.insert(kv.view.indices[b]);
+      for (int b = 0; b < kv.view.indptr[1] * kv.view.table_heads; ++b)
+        if (kv.view.indices[b] != store.hole_block()) referenced.insert(kv.view.indices[b]);
     }
   return static_cast<int64_t>(referenced.size());
+}
+
+// Per-head block tables (kv_store.h): a (page, head) entry is the hole block exactly when the
+// page holds no live cell of that head, so each head holds one block per page it has a live
+// token in (head_blocks()). Not exact (exact = false: only "the hole block holds no live cell")
+// after an eviction under a pending reservation, which frees nothing until the next eviction.
+inline void expect_head_blocks_follow_live_cells(const KvStore& store, SeqId seq, bool exact = true) {
+  const KvStoreConfig& cfg = store.config();
+  const int H = cfg.n_kv_heads, bs = cfg.block_size_tokens;
+  for (int l = 0; l < cfg.n_layers; ++l) {
+    const LayerKv kv = store.layer(seq, l);
+    const int pages = kv.view.indptr[1];
+    for (int h = 0; h < H; ++h) {
+      int64_t with_live = 0;
+      for (int p = 0; p < pages; ++p) {
+        bool live = false;
+        for (int s = p * bs; s < std::min(kv.n_slots, (p + 1) * bs); ++s) live = live || kv.is_valid(s, h);
+        with_live += live ? 1 : 0;
+        if (!cfg.per_head_tables) continue;
+        const bool hole = kv.view.page_id(0, p, h) == store.hole_block();
+        if (hole) ASSERT_FALSE(live) << "layer " << l << " page " << p << " head " << h << ": a live cell in the hole block";
+        if (exact) ASSERT_EQ(hole, !live) << "layer " << l << " page " << p << " head " << h;
+      }
+      if (cfg.per_head_tables && exact)
+        ASSERT_EQ(store.head_blocks(seq, l, h), with_live) << "layer " << l << " head " << h;
+    }
+  }
 }
 
 // A random walk over a store's sequence lifecycle: each step draws kind = rng() % 10 and creates a

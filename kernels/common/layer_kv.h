@@ -13,6 +13,8 @@
 //   page_key_max + (p * num_kv_heads + h) * head_dim   [head_dim] elementwise max over the page's
 //   page_key_min + (p * num_kv_heads + h) * head_dim   valid keys of head h (-inf / +inf if none)
 // Under per-head eviction (H2O) the same slot may hold different tokens for different heads.
+// Blocks: view.page_id(0, page, h) and view.head_in_block(h) (per-layer or per-head block tables,
+// paged_kv.h); `layout` is one block's (num_kv_heads = view.block_heads()).
 //
 // Storage format (kernels/common/kv_format.h, KvStoreConfig::format). f32: view.k_data / v_data
 // are the fp32 rows above (key() / value()). Any other format: view.k_data = v_data = nullptr
@@ -56,24 +58,25 @@ struct LayerKv {
   }
   // KIVI: the key group's s[D], z[D] and a value row's (s, z) pairs of a quantised slot.
   const float* key_group_meta(int slot, int kv_head) const {
-    return reinterpret_cast<const float*>(k_bytes + block_byte_offset(slot) +
-                                          layout.key_group_meta_offset(kv_head, slot % view.page_size));
+    return reinterpret_cast<const float*>(k_bytes + block_byte_offset(slot, kv_head) +
+                                          layout.key_group_meta_offset(view.head_in_block(kv_head), slot % view.page_size));
   }
   const float* value_meta(int slot, int kv_head) const {
-    return reinterpret_cast<const float*>(v_bytes + block_byte_offset(slot) +
-                                          layout.value_meta_offset(kv_head, slot % view.page_size));
+    return reinterpret_cast<const float*>(v_bytes + block_byte_offset(slot, kv_head) +
+                                          layout.value_meta_offset(view.head_in_block(kv_head), slot % view.page_size));
   }
 
   KvFormat format() const { return layout.format; }
-  // Byte offset of (slot, head)'s row from k_bytes / v_bytes, and of the block holding it.
-  size_t block_byte_offset(int slot) const {
-    return static_cast<size_t>(view.indices[view.indptr[0] + slot / view.page_size]) * layout.block_bytes();
+  // Byte offset from k_bytes / v_bytes of the block holding (slot, head) (with per-head block
+  // tables each head has its own: paged_kv.h), and of the row in it.
+  size_t block_byte_offset(int slot, int kv_head) const {
+    return static_cast<size_t>(view.page_id(0, slot / view.page_size, kv_head)) * layout.block_bytes();
   }
   const uint8_t* key_codes(int slot, int kv_head) const {
-    return k_bytes + block_byte_offset(slot) + layout.row_offset(kv_head, slot % view.page_size);
+    return k_bytes + block_byte_offset(slot, kv_head) + layout.row_offset(view.head_in_block(kv_head), slot % view.page_size);
   }
   const uint8_t* value_codes(int slot, int kv_head) const {
-    return v_bytes + block_byte_offset(slot) + layout.row_offset(kv_head, slot % view.page_size);
+    return v_bytes + block_byte_offset(slot, kv_head) + layout.row_offset(view.head_in_block(kv_head), slot % view.page_size);
   }
   // What a decoded code of the row is multiplied by (kv_format.h): int8 the row's scale, fp8
   // the head's, otherwise 1.
@@ -131,7 +134,8 @@ struct LayerKv {
   float row_scale(const uint8_t* base, const float* head_scale, int slot, int kv_head) const {
     if (format() == KvFormat::kInt8) {
       float s;
-      std::memcpy(&s, base + block_byte_offset(slot) + layout.meta_offset(kv_head, slot % view.page_size), 4);
+      std::memcpy(&s, base + block_byte_offset(slot, kv_head) +
+                          layout.meta_offset(view.head_in_block(kv_head), slot % view.page_size), 4);
       return s;
     }
     return head_scale != nullptr ? head_scale[kv_head] : 1.f;
