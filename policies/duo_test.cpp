@@ -385,6 +385,13 @@ TEST(DuoEngine, PerHeadTablesFreeTheStreamingHeadsBlocks) {
   EXPECT_LT(head_tables.kv_bytes, layer_tables.kv_bytes);
 }
 
+TEST(DuoEngine, PerHeadTablesAreRefusedOnADevicePathByName) {
+  auto model = make_random_model(tiny_config(), DType::kF32, 5);
+  const std::string e = error_of([&] { run(*model, "emulated", P{}, /*per_head_tables=*/true); });
+  EXPECT_NE(e.find("per-head block tables (kv.block_tables: per_head) are not available with the emulated backend"),
+            std::string::npos) << e;
+}
+
 void device_equals_the_cpu(const std::string& device) {
   auto model = make_random_model(tiny_config(), DType::kF32, 6);
   for (double f : {0.25, 0.5}) {

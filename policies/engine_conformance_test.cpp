@@ -130,6 +130,55 @@ TEST(EngineConformance, MixedLengthBatchWastesUnderFivePercent) {
 
 TEST(EngineConformance, BatchedEqualsAloneAndResetEqualsNew) { expect_passes("engine.batched_reset"); }
 
+// AdaKV allocates one layer's budget across its KV heads: with per-head block tables the heads
+// that keep fewer tokens hold fewer blocks, so the bytes follow the allocation (with per-layer
+// tables every head of a layer holds its fullest head's blocks).
+TEST(EngineConformance, AdaKvPerHeadBudgetsDifferInBytesWithPerHeadTables) {
+  const Model& m = tiny_model();
+  const int L = m.config.n_layers, H = m.config.n_kv_heads;
+  const auto prompt = random_tokens(150, 21);
+  auto kept = [&](bool per_head, std::vector<int64_t>& resident, std::vector<int64_t>& blocks) {
+    EngineOptions o = engine_options();
+    o.kv_per_head_tables = per_head;
+    Engine e(m, o);
+    const SeqId s = e.start_sequence(make({"adakv", {{"scorer", std::string("snapkv")}, {"compression_ratio", 0.75},
+                                                     {"window", int64_t(16)}}}));
+    std::vector<float> lg;
+    EXPECT_EQ(e.prefill(s, prompt, lg, false, /*prompt_end=*/true), StepStatus::kOk);
+    for (int l = 0; l < L; ++l)
+      for (int h = 0; h < H; ++h) {
+        resident.push_back(e.kv().resident_tokens(s, l, h));
+        blocks.push_back(e.kv().head_blocks(s, l, h));
+      }
+    const size_t bytes = e.sequence_stats(s).kv_bytes_current;
+    e.end_sequence(s);
+    return bytes;
+  };
+  std::vector<int64_t> r_layer, b_layer, r_head, b_head;
+  const size_t bytes_layer = kept(false, r_layer, b_layer), bytes_head = kept(true, r_head, b_head);
+  ASSERT_EQ(r_head, r_layer);
+  int64_t total = 0;
+  bool unequal_layer = false;
+  for (int l = 0; l < L; ++l) {
+    std::string where = "layer " + std::to_string(l);
+    int64_t layer_total = 0, most = 0;
+    for (int h = 0; h < H; ++h) {
+      const int64_t r = r_head[l * H + h];
+      layer_total += r;
+      most = std::max(most, r);
+      // After the prompt-end compaction a head's live tokens fill its first pages.
+      EXPECT_EQ(b_head[l * H + h], (r + 15) / 16) << where << " head " << h;
+    }
+    for (int h = 0; h < H; ++h) EXPECT_EQ(b_layer[l * H + h], (most + 15) / 16) << where;
+    unequal_layer |= r_head[l * H] != r_head[l * H + 1];
+    EXPECT_EQ(layer_total, 2 * (150 - 112)) << where;  // AdaKV keeps the layer's total: n - floor(0.75 n) per head
+    for (int h = 0; h < H; ++h) total += b_head[l * H + h];
+  }
+  EXPECT_TRUE(unequal_layer) << "adakv gave every head the same count: the test shows nothing";
+  EXPECT_LT(bytes_head, bytes_layer);
+  EXPECT_EQ(bytes_head * 2, size_t(total) * (bytes_layer / (b_layer[0] + b_layer[H])));
+}
+
 TEST(EngineConformance, PerHeadBlockTablesEqualPerLayerTablesBitForBit) {
   const size_t n_cases = conformance::cases(registry(), registry().names()).size();
   EXPECT_EQ(expect_passes("engine.per_head_tables"), static_cast<int>(n_cases));

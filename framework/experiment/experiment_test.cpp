@@ -26,7 +26,7 @@ model:
   path: models/tiny.gguf
   dtype: f32
   threads: 2
-kv: {block_size: 8, budget_bytes: 64MiB}
+kv: {block_size: 8, budget_bytes: 64MiB, block_tables: per_head}
 engine: {prefill_chunk: 128, probe: false, probe_layers: [0, 1]}
 policies:
   - {name: full, type: full}
@@ -62,6 +62,9 @@ TEST(Experiment, ParsesEveryField) {
   EXPECT_EQ(s.model.threads, 2);
   EXPECT_EQ(s.kv.block_size_tokens, 8);
   EXPECT_EQ(s.kv.budget_bytes, 64u << 20);
+  EXPECT_TRUE(s.kv.per_head_tables);
+  EXPECT_FALSE(parse_experiment_text("model: {path: m.gguf}\npolicies: [{type: full}]\nevals: {perplexity: {text: t.txt}}\n",
+                                     "default.yaml").kv.per_head_tables);
   EXPECT_EQ(s.engine.prefill_chunk_tokens, 128);
   EXPECT_FALSE(s.engine.probe);
   EXPECT_EQ(s.engine.probe_layers, (std::vector<int>{0, 1}));

@@ -7,6 +7,8 @@
 //       different "layer" and the layers together exceed 256 MiB (well past the 32 MiB L3);
 //       hot:1 rows keep one small layer in L2, the kernel's compute ceiling.
 //   PrefillAttention/<rows>/<ctx>/...  a causal prefill chunk over a warm cache, GFLOP/s.
+//   DecodeAttentionTables/.../per_head:P  DecodeAttention (cold, f32) over per-layer (0) or
+//       per-head (1) block tables (kernels/common/paged_kv.h): the same bytes, other block ids.
 //   DecodeAttentionFormat/<ctx>/<heads>/<kv_heads>/<head_dim>/threads:T/format:F
 //       DecodeAttention (cold) over a cache stored in KV format F (kernels/common/kv_format.h:
 //       0 f32, 1 bf16, 2 f16, 3 int8, 4 fp8_e4m3, 5 fp8_e5m2, 6 int4, 7 int2: G = 32, every slot
@@ -102,12 +104,14 @@ struct DecodeCache {
   std::vector<int64_t> positions;
   std::vector<uint8_t> valid;
 
-  DecodeCache(int ctx_, int H_, int D_, int layers, bool fp32_arenas = true)
-      : ctx(ctx_), H(H_), D(D_), n_layers(layers),
+  int table_heads = 1;  // H: per-head block tables (paged_kv.h), one-head blocks, page-major ids
+
+  DecodeCache(int ctx_, int H_, int D_, int layers, bool fp32_arenas = true, bool per_head_tables = false)
+      : ctx(ctx_), H(H_), D(D_), n_layers(layers), table_heads(per_head_tables ? H_ : 1),
         layer_floats(static_cast<size_t>((ctx_ + 15) / 16) * 16 * H_ * D_),
         k(fp32_arenas ? layer_floats * layers : 16), v(fp32_arenas ? layer_floats * layers : 16) {
     const int blocks = (ctx + bs - 1) / bs;
-    indices.resize(static_cast<size_t>(blocks) * layers);
+    indices.resize(static_cast<size_t>(blocks) * table_heads * layers);
     for (size_t i = 0; i < indices.size(); ++i) indices[i] = static_cast<int32_t>(i);
     indptr[0] = 0;
     indptr[1] = blocks;
@@ -125,7 +129,8 @@ struct DecodeCache {
     kv.view.k_data = k.p;
     kv.view.v_data = v.p;
     kv.view.indptr = indptr;
-    kv.view.indices = indices.data() + static_cast<size_t>(l) * indptr[1];
+    kv.view.indices = indices.data() + static_cast<size_t>(l) * indptr[1] * table_heads;
+    kv.view.table_heads = table_heads;
     kv.view.last_page_len = &last_len;
     kv.n_slots = ctx;
     kv.positions = positions.data();
@@ -179,6 +184,22 @@ void DecodeAttention(benchmark::State& state) {
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * static_cast<int64_t>(kv_bytes));
   state.counters["kv_bytes"] = benchmark::Counter(static_cast<double>(kv_bytes) * state.iterations(),
                                                   benchmark::Counter::kIsRate);
+  state.counters["kv_bytes_per_iter"] = static_cast<double>(kv_bytes);
+}
+
+// DecodeAttention (cold, f32) with per-layer (0) or per-head (1) block tables: the same bytes, a
+// block per (page, KV head) in the order a fresh store hands them out.
+void DecodeAttentionTables(benchmark::State& state) {
+  const int ctx = static_cast<int>(state.range(0)), n_heads = static_cast<int>(state.range(1));
+  const int H = static_cast<int>(state.range(2)), D = static_cast<int>(state.range(3));
+  const int threads = static_cast<int>(state.range(4));
+  const bool per_head = state.range(5) != 0;
+  const size_t kv_bytes = size_t{2} * ctx * H * D * sizeof(float);
+  const int layers = static_cast<int>(std::max<size_t>(2, (kBigBytes + kv_bytes - 1) / kv_bytes));
+  DecodeCache cache(ctx, H, D, layers, true, per_head);
+  DecodeQuery query(ctx, n_heads, H, D);
+  run_layers(state, cache, layers, query.a, threads);
+  state.SetLabel(per_head ? "per_head" : "per_layer");
   state.counters["kv_bytes_per_iter"] = static_cast<double>(kv_bytes);
 }
 
@@ -352,6 +373,11 @@ BENCHMARK(kvlab::DecodeAttentionFormat)
     ->ArgsProduct({{16384}, {12}, {12}, {64}, {1, 2}, {0, 1, 2, 3, 4, 5, 6, 7}})
     ->Unit(benchmark::kMicrosecond)->UseRealTime();
 
+BENCHMARK(kvlab::DecodeAttentionTables)
+    ->ArgNames({"ctx", "heads", "kv_heads", "head_dim", "threads", "per_head"})
+    ->ArgsProduct({{16384}, {12}, {12}, {64}, {1}, {0, 1}})
+    ->ArgsProduct({{16384}, {32}, {8}, {128}, {1}, {0, 1}})
+    ->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(kvlab::PrefillAttention)
     ->ArgNames({"rows", "ctx", "heads", "kv_heads", "head_dim", "threads"})
     ->Args({256, 2048, 32, 8, 128, 1})->Args({256, 2048, 32, 8, 128, 2})
