@@ -82,6 +82,7 @@ std::vector<Outcome> run_check_over(const Check& check, const PolicyRegistry& re
 
 // ---- pieces the gtest suites reuse for their built-in-specific tests ------------------------
 namespace engine {
+inline constexpr int kPrefill = 20;  // run_logits' prompt: the first kPrefill tokens, one prefill
 const Model& tiny_model();  // 2 layers, 6 heads, 2 KV heads, head_dim 16, vocab 97, random weights
 std::vector<int32_t> random_tokens(int n, uint32_t seed);
 EngineOptions engine_options(int max_batch = 1);  // threads 1, prefill chunks of 256
