@@ -130,7 +130,7 @@ struct KvStats {
   // Token x head cells holding a live token, / n_kv_heads (a physical cell shared by forked
   // sequences counts once; live if any sequence holding the block has it live).
   int64_t slots_valid = 0;
-  int64_t slots_allocated = 0;  // blocks_in_use x block_size
+  int64_t slots_allocated = 0;  // blocks_in_use x block_size (per-head tables: / n_kv_heads)
   double waste_fraction = 0;    // 1 - live cells / allocated cells (0 when nothing allocated)
 };
 
