@@ -88,15 +88,14 @@ struct ItemQueries {
   int row[kMaxQ], head[kMaxQ];
 };
 
-// Scaled queries go to qbuf [iq.n][D].
-ItemQueries item_queries(const AttentionArgs& a, const WorkItem& it, float* qbuf) {
+ItemQueries item_queries(const AttentionArgs& a, const WorkItem& it, Scratch& sc) {
   ItemQueries iq;
   const int D = a.head_dim;
   iq.max_pos = INT64_MIN;
   for (int r = it.row_begin; r < it.row_end; ++r) {
     for (int h = it.head_begin; h < it.head_end; ++h) {
       const float* src = a.q + (static_cast<size_t>(r) * a.n_heads + h) * D;
-      float* dst = qbuf + static_cast<size_t>(iq.n) * D;
+      float* dst = sc.q.data() + static_cast<size_t>(iq.n) * D;
       for (int d = 0; d < D; ++d) dst[d] = a.scale * src[d];
       iq.pos[iq.n] = a.q_positions[r];
       iq.row[iq.n] = r;
@@ -140,7 +139,7 @@ FusedRows fused_rows(const AttentionArgs& a, const KeyTile& t) {
 
 // S[q][0..kTile) for every query of the item: scores of the tile's keys, -inf where masked
 // (causality per query, and the padding past t.n).
-void tile_scores(const ItemQueries& iq, const float* qs, const KeyTile& t, const Scratch& sc, float* S, int D) {
+void tile_scores(const ItemQueries& iq, const KeyTile& t, const Scratch& sc, float* S, int D) {
   const bool simd = KVLAB_ATTENTION_AVX2 && D % 8 == 0;
   const float* kp[kTile];
   for (int j = 0; j < kTile; ++j) kp[j] = j < t.n ? t.k[j] : sc.zeros.data();
@@ -149,7 +148,7 @@ void tile_scores(const ItemQueries& iq, const float* qs, const KeyTile& t, const
   const int n8 = (t.n + 7) / 8 * 8;
   if (simd) {  // groups of 4 queries share every key load
     for (; q + 4 <= iq.n; q += 4) {
-      const float* qv = qs + static_cast<size_t>(q) * D;
+      const float* qv = sc.q.data() + static_cast<size_t>(q) * D;
       float* rows = S + static_cast<size_t>(q) * kTile;
       alignas(32) float r[8];
       for (int j = 0; j < n8; j += 2) {
@@ -163,7 +162,7 @@ void tile_scores(const ItemQueries& iq, const float* qs, const KeyTile& t, const
   }
 #endif
   for (; q < iq.n; ++q) {
-    const float* qv = qs + static_cast<size_t>(q) * D;
+    const float* qv = sc.q.data() + static_cast<size_t>(q) * D;
     float* row = S + static_cast<size_t>(q) * kTile;
     if (simd) {
 #if KVLAB_ATTENTION_AVX2
@@ -182,9 +181,9 @@ void tile_scores(const ItemQueries& iq, const float* qs, const KeyTile& t, const
 
 // A tile of coded rows (any format but f32, no rope at read): the same scores with the format's
 // decode fused into the dot products (attention_fused.h), then the same masks.
-void coded_tile_scores(const AttentionArgs& a, FusedIsa isa, const ItemQueries& iq, const float* qs,
-                       const KeyTile& t, float* S) {
-  fused_scores(isa, fused_rows(a, t), qs, iq.n, S, kTile);
+void coded_tile_scores(const AttentionArgs& a, FusedIsa isa, const ItemQueries& iq, const KeyTile& t,
+                       const Scratch& sc, float* S) {
+  fused_scores(isa, fused_rows(a, t), sc.q.data(), iq.n, S, kTile);
   mask_scores(iq, t, S);
 }
 
@@ -277,172 +276,112 @@ void softcap_scores(float* S, int n_queries, int n_keys, float cap) {
   }
 }
 
-// One work item's state across its tiles: its scaled queries and accumulators (slices of the
-// thread's scratch), softmax states and key walker. run_items steps several at once.
-struct ItemRun {
-  const WorkItem* it;
-  ItemQueries iq;
-  float* q;  // [iq.n][D]
-  float* o;  // [iq.n][D]
-  SoftmaxState st[kMaxQ];
-  KeyWalker walker;
-  ItemRun(const AttentionArgs& a, const WorkItem& item, Scratch& sc, float* qbuf, float* obuf)
-      : it(&item), iq(item_queries(a, item, qbuf)), q(qbuf), o(obuf), walker(a, item, iq.max_pos, sc) {
-    std::fill(o, o + static_cast<ptrdiff_t>(iq.n) * a.head_dim, 0.f);
-  }
-};
-
-// The item's next tile of keys: scores, online-softmax update, O <- alpha O + P V. False when the
-// walk is done. With `mass` (key_mass / head_mass) the raw scores are kept in sc.raw_* (so an
-// item with mass runs alone).
-bool step_item(const AttentionArgs& a, ItemRun& r, Scratch& sc, KeyTile& t, FusedIsa isa, bool mass) {
-  if (!r.walker.next(t)) return false;
-  const int D = a.head_dim;
-  const ItemQueries& iq = r.iq;
-  SoftmaxState* st = r.st;
-  float* S = sc.s.data();
-  const bool simd = KVLAB_ATTENTION_AVX2 && D % 8 == 0;
-  if (t.coded)
-    coded_tile_scores(a, isa, iq, r.q, t, S);
-  else
-    tile_scores(iq, r.q, t, sc, S, D);
-  if (a.softcap > 0) softcap_scores(S, iq.n, t.n, a.softcap);
-  if (mass) {  // keep the raw scores for the column sums (S is overwritten by p below)
-    sc.raw_s.insert(sc.raw_s.end(), S, S + static_cast<size_t>(iq.n) * kTile);
-    sc.raw_slot.insert(sc.raw_slot.end(), t.slot, t.slot + t.n);
-    sc.raw_slot.resize(sc.raw_slot.size() + (kTile - t.n), 0);
-    sc.raw_n.push_back(t.n);
-  }
-  float alpha[kMaxQ];
-  for (int q = 0; q < iq.n; ++q) {
-    float* row = S + static_cast<size_t>(q) * kTile;
-    // m' = max(m, max_j s_j); alpha = exp(m - m'); p_j = exp(s_j - m') (0 where masked; a
-    // query that sees nothing in the tile gets alpha 1, or 0 while it has seen nothing).
-#if KVLAB_ATTENTION_AVX2
-    const int n8 = (t.n + 7) / 8 * 8;
-    __m256 mx = _mm256_set1_ps(kNegInf);
-    for (int j = 0; j < n8; j += 8) mx = _mm256_max_ps(mx, _mm256_loadu_ps(row + j));
-    float shift;
-    alpha[q] = softmax_rescale(st[q], hmax(mx), &shift);
-    __m256 lsum = _mm256_setzero_ps();
-    const __m256 sh = _mm256_set1_ps(shift);
-    for (int j = 0; j < n8; j += 8) {
-      const __m256 p = exp8(_mm256_sub_ps(_mm256_loadu_ps(row + j), sh));
-      _mm256_storeu_ps(row + j, p);
-      lsum = _mm256_add_ps(lsum, p);
-    }
-    st[q].l += hsum(lsum);
-#else
-    float mx = kNegInf;
-    for (int j = 0; j < t.n; ++j) mx = std::max(mx, row[j]);
-    float shift;
-    alpha[q] = softmax_rescale(st[q], mx, &shift);
-    float lsum = 0.f;
-    for (int j = 0; j < t.n; ++j) lsum += (row[j] = std::exp(row[j] - shift));
-    st[q].l += lsum;
-#endif
-  }
-  // O_q <- alpha_q O_q + sum_j p_qj v_j
-  if (t.coded) {
-    fused_pv(isa, fused_rows(a, t), r.o, alpha, S, kTile, iq.n);
-    return true;
-  }
-  int q = 0;
-#if KVLAB_ATTENTION_AVX2
-  if (simd) {
-    for (; q + 4 <= iq.n; q += 4) {
-      float* o4[4];
-      const float* p4[4];
-      for (int i = 0; i < 4; ++i) {
-        o4[i] = r.o + static_cast<size_t>(q + i) * D;
-        p4[i] = S + static_cast<size_t>(q + i) * kTile;
-      }
-      pv4_accumulate(o4, alpha + q, p4, t.v, t.n, D);
-    }
-  }
-#endif
-  for (; q < iq.n; ++q) {
-    const float* row = S + static_cast<size_t>(q) * kTile;
-    float* o = r.o + static_cast<size_t>(q) * D;
-    if (simd) {
-#if KVLAB_ATTENTION_AVX2
-      pv_accumulate(o, alpha[q], row, t.v, t.n, D);
-#endif
-    } else {
-      for (int d = 0; d < D; ++d) {
-        float acc = alpha[q] * o[d];
-        for (int j = 0; j < t.n; ++j) acc += row[j] * t.v[j][d];
-        o[d] = acc;
-      }
-    }
-  }
-  return true;
-}
-
-// The item's outputs O_q / l_q (and LSE_q), and its column sums with mass.
-void finish_item(const AttentionArgs& a, const ItemRun& r, float* lse_all, bool direct, ItemMass* item_mass,
-                 Scratch& sc, bool mass) {
-  const int D = a.head_dim;
-  const ItemQueries& iq = r.iq;
-  for (int q = 0; q < iq.n; ++q) {
-    const size_t qh = static_cast<size_t>(iq.row[q]) * a.n_heads + iq.head[q];
-    float* out = a.out + qh * D;
-    const float* o = r.o + static_cast<size_t>(q) * D;
-    const float inv = r.st[q].l > 0.f ? 1.f / r.st[q].l : 0.f;
-    for (int d = 0; d < D; ++d) out[d] = o[d] * inv;
-    if (lse_all != nullptr) lse_all[qh] = softmax_lse(r.st[q]);
-  }
-  if (mass) {
-    float lse[kMaxQ];
-    for (int q = 0; q < iq.n; ++q) lse[q] = softmax_lse(r.st[q]);
-    item_key_mass(a, *r.it, iq, lse, sc, direct, item_mass);
-  }
-}
-
-int item_query_count(const WorkItem& it) { return (it.row_end - it.row_begin) * (it.head_end - it.head_begin); }
-
-// Items [begin, end) of the main pass, on this thread. Consecutive items whose queries together
-// fit one item's (kMaxQ: the decode step's KV heads, typically) are stepped together, a tile of
-// each in turn: their walks then read each block's heads one after another (one stream through
-// the block, and each slot's metadata line serves every head), where one item after the other
-// would revisit every block once per head. Each item's arithmetic is the same either way. With
-// key_mass / head_mass each item runs alone (its raw scores use the thread's scratch); the sums
-// go to them directly (`direct`) or into (*item_mass)[i].
-void run_items(const AttentionArgs& a, const std::vector<WorkItem>& items, int64_t begin, int64_t end,
-               float* lse_all, bool direct, std::vector<ItemMass>* item_mass) {
+// One work item of the main pass. With key_mass / head_mass set, the sums go to them directly
+// (`direct`) or into *item_mass.
+void run_item(const AttentionArgs& a, const WorkItem& it, float* lse_all, bool direct,
+              ItemMass* item_mass) {
   Scratch& sc = thread_scratch();
   const int D = a.head_dim;
   sc.ensure(D);
+  const ItemQueries iq = item_queries(a, it, sc);
+  std::fill(sc.o.begin(), sc.o.begin() + static_cast<ptrdiff_t>(iq.n) * D, 0.f);
+  SoftmaxState st[kMaxQ];
+  KeyWalker walker(a, it, iq.max_pos, sc);
+  KeyTile t;
+  float* S = sc.s.data();
+  const bool simd = KVLAB_ATTENTION_AVX2 && D % 8 == 0;
   const bool mass = a.key_mass != nullptr || a.head_mass != nullptr;
+  if (mass) { sc.raw_s.clear(); sc.raw_slot.clear(); sc.raw_n.clear(); }
   // The fused kernels' instruction set: the portable instance's scalar one, else cpuid's best.
   const FusedIsa isa = KVLAB_ATTENTION_AVX2 ? fused_isa() : FusedIsa::kPortable;
-  thread_local std::vector<ItemRun> runs;
-  thread_local std::vector<bool> done;
-  KeyTile t;
-  for (int64_t i = begin; i < end;) {
-    int64_t j = i + 1;
-    int n_q = item_query_count(items[i]);
-    if (!mass)
-      while (j < end && n_q + item_query_count(items[j]) <= kMaxQ) n_q += item_query_count(items[j++]);
-    runs.clear();
-    runs.reserve(static_cast<size_t>(j - i));
-    size_t off = 0;
-    for (int64_t k = i; k < j; ++k) {
-      runs.emplace_back(a, items[k], sc, sc.q.data() + off, sc.o.data() + off);
-      off += static_cast<size_t>(runs.back().iq.n) * D;
+  while (walker.next(t)) {
+    if (t.coded)
+      coded_tile_scores(a, isa, iq, t, sc, S);
+    else
+      tile_scores(iq, t, sc, S, D);
+    if (a.softcap > 0) softcap_scores(S, iq.n, t.n, a.softcap);
+    if (mass) {  // keep the raw scores for the column sums (S is overwritten by p below)
+      sc.raw_s.insert(sc.raw_s.end(), S, S + static_cast<size_t>(iq.n) * kTile);
+      sc.raw_slot.insert(sc.raw_slot.end(), t.slot, t.slot + t.n);
+      sc.raw_slot.resize(sc.raw_slot.size() + (kTile - t.n), 0);
+      sc.raw_n.push_back(t.n);
     }
-    if (mass) { sc.raw_s.clear(); sc.raw_slot.clear(); sc.raw_n.clear(); }
-    size_t live = runs.size();
-    done.assign(runs.size(), false);
-    while (live > 0)
-      for (size_t k = 0; k < runs.size(); ++k) {
-        if (done[k] || step_item(a, runs[k], sc, t, isa, mass)) continue;
-        const int64_t idx = i + static_cast<int64_t>(k);
-        finish_item(a, runs[k], lse_all, direct, item_mass == nullptr ? nullptr : &(*item_mass)[idx], sc, mass);
-        done[k] = true;
-        --live;
+    float alpha[kMaxQ];
+    for (int q = 0; q < iq.n; ++q) {
+      float* row = S + static_cast<size_t>(q) * kTile;
+      // m' = max(m, max_j s_j); alpha = exp(m - m'); p_j = exp(s_j - m') (0 where masked; a
+      // query that sees nothing in the tile gets alpha 1, or 0 while it has seen nothing).
+#if KVLAB_ATTENTION_AVX2
+      const int n8 = (t.n + 7) / 8 * 8;
+      __m256 mx = _mm256_set1_ps(kNegInf);
+      for (int j = 0; j < n8; j += 8) mx = _mm256_max_ps(mx, _mm256_loadu_ps(row + j));
+      float shift;
+      alpha[q] = softmax_rescale(st[q], hmax(mx), &shift);
+      __m256 lsum = _mm256_setzero_ps();
+      const __m256 sh = _mm256_set1_ps(shift);
+      for (int j = 0; j < n8; j += 8) {
+        const __m256 p = exp8(_mm256_sub_ps(_mm256_loadu_ps(row + j), sh));
+        _mm256_storeu_ps(row + j, p);
+        lsum = _mm256_add_ps(lsum, p);
       }
-    i = j;
+      st[q].l += hsum(lsum);
+#else
+      float mx = kNegInf;
+      for (int j = 0; j < t.n; ++j) mx = std::max(mx, row[j]);
+      float shift;
+      alpha[q] = softmax_rescale(st[q], mx, &shift);
+      float lsum = 0.f;
+      for (int j = 0; j < t.n; ++j) lsum += (row[j] = std::exp(row[j] - shift));
+      st[q].l += lsum;
+#endif
+    }
+    // O_q <- alpha_q O_q + sum_j p_qj v_j
+    if (t.coded) {
+      fused_pv(isa, fused_rows(a, t), sc.o.data(), alpha, S, kTile, iq.n);
+      continue;
+    }
+    int q = 0;
+#if KVLAB_ATTENTION_AVX2
+    if (simd) {
+      for (; q + 4 <= iq.n; q += 4) {
+        float* o4[4];
+        const float* p4[4];
+        for (int i = 0; i < 4; ++i) {
+          o4[i] = sc.o.data() + static_cast<size_t>(q + i) * D;
+          p4[i] = S + static_cast<size_t>(q + i) * kTile;
+        }
+        pv4_accumulate(o4, alpha + q, p4, t.v, t.n, D);
+      }
+    }
+#endif
+    for (; q < iq.n; ++q) {
+      const float* row = S + static_cast<size_t>(q) * kTile;
+      float* o = sc.o.data() + static_cast<size_t>(q) * D;
+      if (simd) {
+#if KVLAB_ATTENTION_AVX2
+        pv_accumulate(o, alpha[q], row, t.v, t.n, D);
+#endif
+      } else {
+        for (int d = 0; d < D; ++d) {
+          float acc = alpha[q] * o[d];
+          for (int j = 0; j < t.n; ++j) acc += row[j] * t.v[j][d];
+          o[d] = acc;
+        }
+      }
+    }
+  }
+  for (int q = 0; q < iq.n; ++q) {
+    const size_t qh = static_cast<size_t>(iq.row[q]) * a.n_heads + iq.head[q];
+    float* out = a.out + qh * D;
+    const float* o = sc.o.data() + static_cast<size_t>(q) * D;
+    const float inv = st[q].l > 0.f ? 1.f / st[q].l : 0.f;
+    for (int d = 0; d < D; ++d) out[d] = o[d] * inv;
+    if (lse_all != nullptr) lse_all[qh] = softmax_lse(st[q]);
+  }
+  if (mass) {
+    float lse[kMaxQ];
+    for (int q = 0; q < iq.n; ++q) lse[q] = softmax_lse(st[q]);
+    item_key_mass(a, it, iq, lse, sc, direct, item_mass);
   }
 }
 
@@ -481,7 +420,8 @@ void attention_tiled_portable(const AttentionArgs& a, ThreadPool* pool) {
   std::vector<ItemMass> item_mass;
   if ((a.key_mass != nullptr || a.head_mass != nullptr) && !direct) item_mass.resize(items.size());
   const auto main_pass = [&](int64_t begin, int64_t end, int) {
-    run_items(a, items, begin, end, a.lse, direct, item_mass.empty() ? nullptr : &item_mass);
+    for (int64_t i = begin; i < end; ++i)
+      run_item(a, items[i], a.lse, direct, item_mass.empty() ? nullptr : &item_mass[i]);
   };
   if (parallel) pool->parallel_for(n_items, main_pass);
   else main_pass(0, n_items, 0);
