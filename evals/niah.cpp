@@ -126,20 +126,6 @@ bool value_matches(const std::string& answer, const std::string& value) {
   return j > i && answer.compare(i, j - i, value) == 0 && j - i == value.size();
 }
 
-namespace {
-
-// Feeds the prompt by the protocol (niah.h); `tail` = decode_tail's tail or the question length.
-}  // namespace
-
-const char* niah_protocol_name(NiahProtocol p) {
-  switch (p) {
-    case NiahProtocol::kDecodeTail: return "decode_tail";
-    case NiahProtocol::kQueryAgnostic: return "query_agnostic";
-    case NiahProtocol::kQueryAware: return "query_aware";
-  }
-  return "?";
-}
-
 const std::vector<float>& feed_prompt(LmSequence& seq, const std::vector<int32_t>& tokens, int tail,
                                       NiahProtocol protocol) {
   const size_t head = tokens.size() - size_t(tail);

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "evals/lm.h"
+#include "kernels/common/enum_names.h"
 #include "framework/tokenizer/tokenizer.h"
 
 namespace kvlab {
@@ -102,7 +103,11 @@ bool value_matches(const std::string& answer, const std::string& value);
 //   query_aware     prefill context and question together: compression at the end of the whole
 //                   prompt, the question inside the observation window
 enum class NiahProtocol { kDecodeTail, kQueryAgnostic, kQueryAware };
-const char* niah_protocol_name(NiahProtocol p);  // "decode_tail" | "query_agnostic" | "query_aware"
+inline constexpr EnumName<NiahProtocol> kNiahProtocolNames[] = {
+    {NiahProtocol::kDecodeTail, "decode_tail"},
+    {NiahProtocol::kQueryAgnostic, "query_agnostic"},
+    {NiahProtocol::kQueryAware, "query_aware"}};
+inline const char* niah_protocol_name(NiahProtocol p) { return enum_name(kNiahProtocolNames, p); }
 
 // Feeds a prompt whose last `tail` tokens are the question under `protocol` and returns the
 // logits after its last token: query_aware prefills everything with the prompt-end signal;

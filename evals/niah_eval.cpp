@@ -60,14 +60,10 @@ class NiahFactory final : public EvaluationFactory {
         n.decode_tail_tokens = int(r.get_int(t, path + ".decode_tail_tokens", 0, 1 << 20));
     }
     if (node["protocol"]) {
-      const std::string p = r.get_choice(node["protocol"], path + ".protocol",
-                                         {"decode_tail", "query_agnostic", "query_aware"});
-      n.protocol = p == "query_aware"      ? NiahProtocol::kQueryAware
-                   : p == "query_agnostic" ? NiahProtocol::kQueryAgnostic
-                                           : NiahProtocol::kDecodeTail;
+      n.protocol = r.get_enum(node["protocol"], path + ".protocol", kNiahProtocolNames);
       if (node["decode_tail_tokens"] && n.protocol != NiahProtocol::kDecodeTail)
         r.error(node["decode_tail_tokens"], path + ".decode_tail_tokens",
-                "decode_tail_tokens applies to protocol decode_tail only, not ", p);
+                "decode_tail_tokens applies to protocol decode_tail only, not ", niah_protocol_name(n.protocol));
     }
     if (node["shared_haystack"]) n.shared_haystack = r.get_bool(node["shared_haystack"], path + ".shared_haystack");
     return std::make_shared<NiahEvaluation>(std::move(n));

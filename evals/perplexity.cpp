@@ -7,15 +7,6 @@
 
 namespace kvlab {
 
-const char* to_string(PplProtocol p) {
-  switch (p) {
-    case PplProtocol::kStreaming: return "streaming";
-    case PplProtocol::kChunked: return "chunked";
-    case PplProtocol::kSliding: return "sliding";
-  }
-  return "?";
-}
-
 double log_prob(std::span<const float> logits, int32_t target) {
   KVLAB_CHECK(target >= 0 && size_t(target) < logits.size(), "target ", target, " outside the vocabulary");
   double m = -INFINITY;

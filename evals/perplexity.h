@@ -26,11 +26,14 @@
 #include <vector>
 
 #include "evals/lm.h"
+#include "kernels/common/enum_names.h"
 
 namespace kvlab {
 
 enum class PplProtocol { kStreaming, kChunked, kSliding };
-const char* to_string(PplProtocol p);
+inline constexpr EnumName<PplProtocol> kPplProtocolNames[] = {
+    {PplProtocol::kStreaming, "streaming"}, {PplProtocol::kChunked, "chunked"}, {PplProtocol::kSliding, "sliding"}};
+inline const char* to_string(PplProtocol p) { return enum_name(kPplProtocolNames, p); }
 
 struct PerplexityOptions {
   PplProtocol protocol = PplProtocol::kStreaming;

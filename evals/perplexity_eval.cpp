@@ -29,12 +29,7 @@ class PerplexityFactory final : public EvaluationFactory {
     s.ref = r.ref(node, path);
     s.text = read_paths(r, node["text"], path + ".text", sec.file);
     if (node["tokens"]) s.tokens = int(r.get_int(node["tokens"], path + ".tokens", 2, 1 << 26));
-    if (node["protocol"]) {
-      const std::string p = r.get_choice(node["protocol"], path + ".protocol", {"streaming", "chunked", "sliding"});
-      s.protocol = p == "streaming" ? PplProtocol::kStreaming
-                   : p == "chunked" ? PplProtocol::kChunked
-                                    : PplProtocol::kSliding;
-    }
+    if (node["protocol"]) s.protocol = r.get_enum(node["protocol"], path + ".protocol", kPplProtocolNames);
     if (node["n_ctx"]) s.n_ctx = int(r.get_int(node["n_ctx"], path + ".n_ctx", 4, 1 << 24));
     if (node["window"]) s.window = int(r.get_int(node["window"], path + ".window", 2, 1 << 24));
     if (node["stride"]) s.stride = int(r.get_int(node["stride"], path + ".stride", 1, 1 << 24));

@@ -90,7 +90,9 @@ TEST(Perplexity, SlidingIsHuggingFaceProtocol) {
     // exactly once; with stride == window the first token of each window is not (HF's label
     // shift drops it), as in the Hugging Face perplexity guide.
     SCOPED_TRACE(::testing::Message() << n << " " << window << " " << stride);
-    if (stride < window) ASSERT_EQ(int(r.nll.size()), n - 1);
+    if (stride < window) {
+      ASSERT_EQ(int(r.nll.size()), n - 1);
+    }
     int prev_end = 0, k = 0;
     for (int begin = 0; begin < n; begin += stride) {
       const int end = std::min(begin + window, n);

@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <unistd.h>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -56,11 +57,9 @@ int run_perplexity(const std::vector<std::string>& args) {
                      desc, pos, vm))
     return 0;
   const std::string protocol_name = vm["protocol"].as<std::string>();
-  PplProtocol protocol = PplProtocol::kChunked;
-  if (protocol_name == "streaming") protocol = PplProtocol::kStreaming;
-  else if (protocol_name == "sliding") protocol = PplProtocol::kSliding;
-  else if (protocol_name != "chunked")
-    fail("--protocol: expected chunked, streaming or sliding, got '", protocol_name, "'");
+  const std::optional<PplProtocol> named = enum_from_name(kPplProtocolNames, protocol_name);
+  if (!named) fail("--protocol: expected chunked, streaming or sliding, got '", protocol_name, "'");
+  const PplProtocol protocol = *named;
   const int n_ctx = vm["ctx"].as<int>();
   if (n_ctx < 4) fail("--ctx must be >= 4, got ", n_ctx);
   const int window = vm["window"].as<int>(), stride = vm["stride"].as<int>();

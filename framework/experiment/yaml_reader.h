@@ -19,6 +19,7 @@
 
 #include "framework/core/error.h"
 #include "framework/core/strings.h"
+#include "kernels/common/enum_names.h"
 #include "framework/policy/params.h"
 
 namespace kvlab {
@@ -127,6 +128,11 @@ class Reader {
     const std::string near = nearest_name(s, choices);
     error(node, path, "expected one of ", join(choices, " | "), ", got '", s, "'",
           near.empty() ? "" : " (did you mean '" + near + "'?)");
+  }
+  // get_choice over an enum's names (kernels/common/enum_names.h), returning the value.
+  template <class E, size_t N>
+  E get_enum(const YAML::Node& node, const std::string& path, const EnumName<E> (&names)[N]) const {
+    return *enum_from_name(names, get_choice(node, path, enum_names(names)));
   }
 
   // A scalar or a list of scalars -> list of nodes with their paths.

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "kernels/common/enum_names.h"
 #include "kernels/common/error.h"
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/cpu/cpu_path.h"
@@ -328,12 +329,9 @@ QuantIsa quant_isa_for(MatvecIsa isa) { return isa == MatvecIsa::kPortable ? Qua
 }  // namespace
 
 const char* to_string(MatvecIsa isa) {
-  switch (isa) {
-    case MatvecIsa::kPortable: return "portable";
-    case MatvecIsa::kAvx2: return "avx2";
-    case MatvecIsa::kAvx512: return "avx512";
-  }
-  return "?";
+  static constexpr EnumName<MatvecIsa> kNames[] = {
+      {MatvecIsa::kPortable, "portable"}, {MatvecIsa::kAvx2, "avx2"}, {MatvecIsa::kAvx512, "avx512"}};
+  return enum_name(kNames, isa);
 }
 
 bool matvec_isa_supported(MatvecIsa isa) {

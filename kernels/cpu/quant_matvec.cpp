@@ -4,18 +4,16 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/common/enum_names.h"
 #include "kernels/common/error.h"
 #include "kernels/cpu/cpu_path.h"
 
 namespace kvlab {
 
 const char* quant_isa_name(QuantIsa isa) {
-  switch (isa) {
-    case QuantIsa::kScalar: return "scalar";
-    case QuantIsa::kAvx2: return "avx2";
-    case QuantIsa::kAvx512Vnni: return "avx512vnni";
-  }
-  return "?";
+  static constexpr EnumName<QuantIsa> kNames[] = {
+      {QuantIsa::kScalar, "scalar"}, {QuantIsa::kAvx2, "avx2"}, {QuantIsa::kAvx512Vnni, "avx512vnni"}};
+  return enum_name(kNames, isa);
 }
 
 namespace {
