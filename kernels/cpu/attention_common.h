@@ -3,6 +3,7 @@
 
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "kernels/cpu/attention.h"
 
@@ -10,6 +11,22 @@ namespace kvlab {
 
 inline bool selection_is_all(const AttentionArgs& a) {
   return a.selection == nullptr || a.selection->all;
+}
+
+// The slots row r's query reads for KV head g, in slot order: the selection's (or every slot),
+// then only the valid ones at or before the query's position. For the reference paths.
+inline void candidate_slots(const AttentionArgs& a, int r, int g, std::vector<int>& slots) {
+  const LayerKv& kv = a.kv;
+  slots.clear();
+  auto consider = [&](int slot) {
+    if (kv.is_valid(slot, g) && kv.position(slot, g) <= a.q_positions[r]) slots.push_back(slot);
+  };
+  if (selection_is_all(a)) {
+    for (int slot = 0; slot < kv.n_slots; ++slot) consider(slot);
+  } else {
+    for (const SlotRange& range : a.selection->list(a.selection_row + r, g))
+      for (int slot = range.begin; slot < range.end; ++slot) consider(slot);
+  }
 }
 
 // Throws std::invalid_argument naming the first inconsistent field.

@@ -26,17 +26,7 @@ void attention_naive(const AttentionArgs& a) {
     for (int h = 0; h < a.n_heads; ++h) {
       const int g = h / G;
       const float* q = a.q + (static_cast<size_t>(r) * a.n_heads + h) * D;
-      // Candidate slots: the selection (or all), then valid and causal.
-      slots.clear();
-      auto consider = [&](int s) {
-        if (kv.is_valid(s, g) && kv.position(s, g) <= a.q_positions[r]) slots.push_back(s);
-      };
-      if (selection_is_all(a)) {
-        for (int s = 0; s < kv.n_slots; ++s) consider(s);
-      } else {
-        for (const SlotRange& range : a.selection->list(a.selection_row + r, g))
-          for (int s = range.begin; s < range.end; ++s) consider(s);
-      }
+      candidate_slots(a, r, g, slots);
       // The fp64 dense reference over the candidates (keys rotated at read when asked).
       if (a.rope != nullptr) {
         keys.resize(slots.size() * D);

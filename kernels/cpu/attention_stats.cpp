@@ -24,16 +24,7 @@ void window_attention(const AttentionArgs& a, int first_row, float* out) {
     for (int h = 0; h < a.n_heads; ++h) {
       const int g = h / G;
       const float* q = a.q + (static_cast<size_t>(r) * a.n_heads + h) * D;
-      slots.clear();
-      auto consider = [&](int slot) {
-        if (kv.is_valid(slot, g) && kv.position(slot, g) <= a.q_positions[r]) slots.push_back(slot);
-      };
-      if (selection_is_all(a)) {
-        for (int slot = 0; slot < kv.n_slots; ++slot) consider(slot);
-      } else {
-        for (const SlotRange& range : a.selection->list(a.selection_row + r, g))
-          for (int slot = range.begin; slot < range.end; ++slot) consider(slot);
-      }
+      candidate_slots(a, r, g, slots);
       if (slots.empty()) continue;
       s.resize(slots.size());
       double m = -INFINITY;
