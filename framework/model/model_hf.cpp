@@ -21,6 +21,7 @@
 #include <set>
 
 #include "framework/core/error.h"
+#include "framework/core/json_file.h"
 #include "framework/model/model_loader.h"
 #include "framework/model/safetensors.h"
 
@@ -29,16 +30,6 @@ namespace kvlab::detail {
 namespace {
 
 using nlohmann::json;
-
-json read_json(const std::filesystem::path& path) {
-  std::ifstream in(path);
-  if (!in) fail(path.string(), ": cannot open");
-  try {
-    return json::parse(in);
-  } catch (const json::exception& e) {
-    fail(path.string(), ": invalid JSON: ", e.what());
-  }
-}
 
 // Typed access to config.json that names the file and key on failure.
 struct ConfigReader {
@@ -165,7 +156,7 @@ void read_gemma(const ConfigReader& r, ModelConfig& c) {
 
 void load_hf(Model& model, const std::filesystem::path& dir, const LoadOptions& opts) {
   const std::filesystem::path config_path = dir / "config.json";
-  const json j = read_json(config_path);
+  const json j = read_json_file(config_path);
   const std::string cp = config_path.string();
   if (!j.is_object()) fail(cp, ": expected a JSON object");
   ConfigReader r{j, cp};
@@ -284,7 +275,7 @@ void load_hf(Model& model, const std::filesystem::path& dir, const LoadOptions& 
   if (std::filesystem::exists(dir / "model.safetensors")) {
     files.push_back(dir / "model.safetensors");
   } else if (std::filesystem::exists(index_path)) {
-    const json index = read_json(index_path);
+    const json index = read_json_file(index_path);
     if (!index.is_object() || !index.contains("weight_map") || !index["weight_map"].is_object()) {
       fail(index_path.string(), ": missing object 'weight_map'");
     }

@@ -5,21 +5,12 @@
 #include <nlohmann/json.hpp>
 
 #include "framework/core/error.h"
+#include "framework/core/json_file.h"
 
 namespace kvlab {
 namespace {
 
 using Json = nlohmann::json;
-
-Json read_json(const std::filesystem::path& path) {
-  std::ifstream in(path);
-  if (!in) fail(path.string(), ": cannot open");
-  try {
-    return Json::parse(in);
-  } catch (const Json::exception& e) {
-    fail(path.string(), ": malformed JSON: ", e.what());
-  }
-}
 
 // A JSON string with the characters regex syntax gives meaning to escaped (HF Split{String}).
 std::string regex_escape(const std::string& literal) {
@@ -37,7 +28,7 @@ class TokenizerJsonReader {
   explicit TokenizerJsonReader(const std::filesystem::path& path) : path_(path), name_(path.string()) {}
 
   BpeVocab read() {
-    const Json root = read_json(path_);
+    const Json root = read_json_file(path_);
     if (!root.is_object()) bad("", "a JSON object at the top level");
     read_model(field(root, "model", "model"));
     if (root.contains("added_tokens")) read_added(root["added_tokens"]);
@@ -212,7 +203,7 @@ class TokenizerJsonReader {
   // tokenizer_config.json: optional; bos_token / eos_token as a string or {"content": ...}.
   void read_config(const std::filesystem::path& config_path) {
     if (!std::filesystem::exists(config_path)) return;
-    const Json config = read_json(config_path);
+    const Json config = read_json_file(config_path);
     const auto token_of = [&](const char* name) -> int32_t {
       if (!config.contains(name)) return -2;
       const Json& v = config[name];
