@@ -24,6 +24,12 @@ inline const char* const kHay =
 // One token per byte; BOS = 256, EOS = 257.
 class ByteTokenizer : public Tokenizer {
  public:
+  // `kind`: what kind() reports (a test may have the bytes read as another kind's text would).
+  explicit ByteTokenizer(std::string kind = "byte") : Tokenizer(std::move(kind), "byte tokenizer") {
+    bos_id_ = 256;
+    eos_id_ = 257;
+    add_bos_ = true;
+  }
   std::vector<int32_t> encode(std::string_view text, const EncodeOptions& o = {}) const override {
     std::vector<int32_t> ids;
     if (o.add_bos) ids.push_back(256);
@@ -35,13 +41,11 @@ class ByteTokenizer : public Tokenizer {
     for (int32_t id : ids) s += token_to_piece(id);
     return s;
   }
-  std::string token_to_piece(int32_t id) const override { return id < 256 ? std::string(1, char(id)) : ""; }
   int32_t vocab_size() const override { return 258; }
-  int32_t bos_id() const override { return 256; }
-  int32_t eos_id() const override { return 257; }
-  bool add_bos_by_default() const override { return true; }
-  std::string kind() const override { return "byte"; }
-  std::string id_to_token(int32_t id) const override { return token_to_piece(id); }
+
+ private:
+  std::string piece_of(int32_t id) const override { return id < 256 ? std::string(1, char(id)) : ""; }
+  std::string spelling_of(int32_t id) const override { return piece_of(id); }
 };
 
 // logits(context) = fn(context) for the context [0, t]; prefill and decode agree exactly, so the

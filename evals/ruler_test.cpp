@@ -23,7 +23,7 @@ using testing::ByteTokenizer;
 // leading space, so units stay separable in the decoded text.
 class SpacedByteTokenizer : public ByteTokenizer {
  public:
-  std::string kind() const override { return "bpe"; }
+  SpacedByteTokenizer() : ByteTokenizer("bpe") {}
 };
 
 fs::path shared_dir() {

@@ -11,7 +11,7 @@
 namespace kvlab {
 
 BpeTokenizer::BpeTokenizer(BpeVocab vocab, const std::string& source)
-    : source_(source), pre_(vocab.pre_patterns, source) {
+    : Tokenizer("bpe", source), pre_(vocab.pre_patterns, source) {
   add_prefix_space_ = vocab.add_prefix_space;
   ignore_merges_ = vocab.ignore_merges;
   nfc_ = vocab.nfc;
@@ -209,16 +209,6 @@ std::string BpeTokenizer::decode(std::span<const int32_t> ids) const {
     out += bytes_[id];
   }
   return out;
-}
-
-std::string BpeTokenizer::token_to_piece(int32_t id) const {
-  check_token_id(source_, id, vocab_size());
-  return bytes_[id];
-}
-
-std::string BpeTokenizer::id_to_token(int32_t id) const {
-  check_token_id(source_, id, vocab_size());
-  return tokens_[id];
 }
 
 }  // namespace kvlab

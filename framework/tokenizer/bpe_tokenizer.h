@@ -51,15 +51,11 @@ class BpeTokenizer final : public Tokenizer {
 
   std::vector<int32_t> encode(std::string_view text, const EncodeOptions& opts = {}) const override;
   std::string decode(std::span<const int32_t> ids) const override;
-  std::string token_to_piece(int32_t id) const override;
-  std::string id_to_token(int32_t id) const override;
   int32_t vocab_size() const override { return static_cast<int32_t>(tokens_.size()); }
-  int32_t bos_id() const override { return bos_id_; }
-  int32_t eos_id() const override { return eos_id_; }
-  bool add_bos_by_default() const override { return add_bos_; }
-  std::string kind() const override { return "bpe"; }
 
  private:
+  std::string piece_of(int32_t id) const override { return bytes_[id]; }
+  std::string spelling_of(int32_t id) const override { return tokens_[id]; }
   struct Merge {
     int32_t rank;
     int32_t merged_id;
@@ -74,7 +70,6 @@ class BpeTokenizer final : public Tokenizer {
   // allowed), or -1.
   int match_added(std::string_view text, size_t pos, bool allow_special) const;
 
-  std::string source_;
   std::vector<std::string> tokens_;      // [vocab] byte-level spelling
   std::vector<std::string> bytes_;       // [vocab] bytes each id contributes to decoded text
   std::unordered_map<std::string, int32_t> token_to_id_;
@@ -85,8 +80,6 @@ class BpeTokenizer final : public Tokenizer {
   std::array<bool, 256> added_first_byte_{};    // some added token starts with this byte
   PreTokenizer pre_;
   bool add_prefix_space_ = false, ignore_merges_ = false, nfc_ = false;
-  int32_t bos_id_ = -1, eos_id_ = -1;
-  bool add_bos_ = false;
 
   // Word -> ids memo: English text repeats few distinct words, so most words skip the merge loop.
   // Bounded (cleared when full); guarded by a mutex so a const tokenizer stays thread-safe.

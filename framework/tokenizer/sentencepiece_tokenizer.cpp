@@ -72,7 +72,7 @@ char byte_piece_value(const std::string& piece, const std::string& source) {
 
 SentencePieceTokenizer::SentencePieceTokenizer(const std::string& serialized, const std::string& source,
                                                const SpmSpecialOverrides& overrides)
-    : source_(source) {
+    : Tokenizer("sentencepiece", source) {
   const SpmNormalizerFlags flags = read_spm_normalizer_flags(serialized, source);
   sp_ = load_processor(serialized, source);
   sp_continue_ = load_processor(serialized + spm_add_dummy_prefix_override(false), source);
@@ -205,15 +205,7 @@ std::string SentencePieceTokenizer::decode(std::span<const int32_t> ids) const {
   return out;
 }
 
-std::string SentencePieceTokenizer::token_to_piece(int32_t id) const {
-  check_token_id(source_, id, vocab_size());
-  return surface_[id];
-}
-
-std::string SentencePieceTokenizer::id_to_token(int32_t id) const {
-  check_token_id(source_, id, vocab_size());
-  return sp_->IdToPiece(id);
-}
+std::string SentencePieceTokenizer::spelling_of(int32_t id) const { return sp_->IdToPiece(id); }
 
 std::unique_ptr<SentencePieceTokenizer> load_sentencepiece_model(const std::filesystem::path& path) {
   std::ifstream in(path, std::ios::binary);

@@ -39,20 +39,15 @@ class SentencePieceTokenizer final : public Tokenizer {
 
   std::vector<int32_t> encode(std::string_view text, const EncodeOptions& opts = {}) const override;
   std::string decode(std::span<const int32_t> ids) const override;
-  std::string token_to_piece(int32_t id) const override;
-  std::string id_to_token(int32_t id) const override;
   int32_t vocab_size() const override { return static_cast<int32_t>(surface_.size()); }
-  int32_t bos_id() const override { return bos_id_; }
-  int32_t eos_id() const override { return eos_id_; }
-  bool add_bos_by_default() const override { return add_bos_; }
-  std::string kind() const override { return "sentencepiece"; }
 
  private:
+  std::string piece_of(int32_t id) const override { return surface_[id]; }
+  std::string spelling_of(int32_t id) const override;
   void encode_text(std::string_view text, bool at_start, std::vector<int32_t>& out) const;
   void encode_with(const sentencepiece::SentencePieceProcessor& sp, std::string_view text,
                    std::vector<int32_t>& out) const;
 
-  std::string source_;
   std::unique_ptr<sentencepiece::SentencePieceProcessor> sp_;  // the model as given
   // The same model with add_dummy_prefix off: encodes text that follows a special token, which
   // is not the start of the text (the dummy prefix marks only the start).
@@ -61,8 +56,6 @@ class SentencePieceTokenizer final : public Tokenizer {
   std::vector<std::pair<std::string, int32_t>> specials_;  // control/unknown piece text -> id,
                                                            // longest first (parse_special)
   bool strip_leading_space_ = true;  // decode drops the dummy-prefix space of the first piece
-  int32_t bos_id_ = -1, eos_id_ = -1;
-  bool add_bos_ = true;
 
   // Word memo (a speed-up that changes no id). When the normalizer is the identity with spaces
   // escaped and kept, and no piece holds a "▁" after another character, no piece can span the

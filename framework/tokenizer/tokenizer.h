@@ -39,6 +39,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace kvlab {
@@ -50,26 +51,47 @@ struct EncodeOptions {
   bool parse_special = false;  // recognise special-token text ("<s>", "<|endoftext|>") as one id
 };
 
+// Throws kvlab::Error "SOURCE: token id ID is outside the vocabulary [0, VOCAB_SIZE)" unless
+// 0 <= id < vocab_size (what decode, token_to_piece and id_to_token do with a bad id).
+void check_token_id(const std::string& source, int32_t id, int32_t vocab_size);
+
 class Tokenizer {
  public:
   virtual ~Tokenizer() = default;
   virtual std::vector<int32_t> encode(std::string_view text, const EncodeOptions& opts = {}) const = 0;
   virtual std::string decode(std::span<const int32_t> ids) const = 0;  // inverse of encode (see above)
+  virtual int32_t vocab_size() const = 0;
+  const std::string& kind() const { return kind_; }  // "sentencepiece" | "bpe"
+
   // The bytes this token contributes in the middle of a text ("▁the" -> " the", <0x0A> -> "\n",
   // control tokens -> ""). Throws kvlab::Error for an id outside [0, vocab_size()).
-  virtual std::string token_to_piece(int32_t id) const = 0;
-  virtual int32_t vocab_size() const = 0;
-  virtual int32_t bos_id() const = 0;  // -1 when none
-  virtual int32_t eos_id() const = 0;  // -1 when none
-  virtual bool add_bos_by_default() const = 0;
-  virtual std::string kind() const = 0;  // "sentencepiece" | "bpe"
-  // The vocabulary's own spelling of a token ("▁the", "Ġthe", "<0x0A>"), for `kvlab tokenize --pieces`.
-  virtual std::string id_to_token(int32_t id) const = 0;
-};
+  std::string token_to_piece(int32_t id) const {
+    check_token_id(source_, id, vocab_size());
+    return piece_of(id);
+  }
+  // The vocabulary's own spelling of a token ("▁the", "Ġthe", "<0x0A>"), for `kvlab tokenize
+  // --pieces`. Throws like token_to_piece.
+  std::string id_to_token(int32_t id) const {
+    check_token_id(source_, id, vocab_size());
+    return spelling_of(id);
+  }
+  int32_t bos_id() const { return bos_id_; }  // -1 when none
+  int32_t eos_id() const { return eos_id_; }  // -1 when none
+  bool add_bos_by_default() const { return add_bos_; }
 
-// Throws kvlab::Error "SOURCE: token id ID is outside the vocabulary [0, VOCAB_SIZE)" unless
-// 0 <= id < vocab_size (what decode, token_to_piece and id_to_token do with a bad id).
-void check_token_id(const std::string& source, int32_t id, int32_t vocab_size);
+ protected:
+  Tokenizer(std::string kind, std::string source) : kind_(std::move(kind)), source_(std::move(source)) {}
+
+  std::string kind_;
+  std::string source_;  // the file (or name) error messages cite
+  int32_t bos_id_ = -1, eos_id_ = -1;
+  bool add_bos_ = false;
+
+ private:
+  // token_to_piece and id_to_token for an id already checked to be in the vocabulary.
+  virtual std::string piece_of(int32_t id) const = 0;
+  virtual std::string spelling_of(int32_t id) const = 0;
+};
 
 // Streaming decode: push ids one by one, get back only complete UTF-8 text. A trailing partial
 // UTF-8 sequence (e.g. the first 2 bytes of a 4-byte emoji from byte-fallback pieces) is held
