@@ -47,6 +47,7 @@
 #include "kernels/cpu/attention_common.h"
 #include "kernels/cpu/attention_fused.h"
 #include "kernels/cpu/cpu_path.h"
+#include "kernels/cpu/simd_target.h"
 #include "kernels/cpu/thread_pool.h"
 
 #ifndef KVLAB_ATTENTION_AVX2
@@ -56,12 +57,7 @@
 // Everything from here to the matching pop gets the AVX2+FMA target in the AVX2 instance (the
 // headers above keep the baseline, so their inline functions are the same in both objects).
 #if KVLAB_ATTENTION_AVX2
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx2,fma"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx2,fma")
-#endif
+KVLAB_TARGET_BEGIN("avx2,fma")
 #endif
 
 namespace kvlab {
@@ -470,9 +466,5 @@ void attention(const AttentionArgs& a, int n_threads) { attention(a, n_threads, 
 }  // namespace kvlab
 
 #if KVLAB_ATTENTION_AVX2
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+KVLAB_TARGET_END
 #endif

@@ -12,6 +12,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "kernels/cpu/simd_target.h"
 #include "kernels/cpu/linear.h"
 
 namespace kvlab {
@@ -70,44 +71,19 @@ void pv_scalar(const FusedRows& r, float* o, const float* alpha, const float* P,
 // ---- SIMD instances ------------------------------------------------------------------------------
 
 namespace fused_avx2 {
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx2,fma,f16c")
-#endif
+KVLAB_TARGET_BEGIN("avx2,fma,f16c")
 #define KVLAB_FW 8
 #include "kernels/cpu/attention_fused_simd.inc"  // NOLINT(bugprone-suspicious-include)
 #undef KVLAB_FW
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+KVLAB_TARGET_END
 }  // namespace fused_avx2
 
 namespace fused_avx512 {
-// GCC 12 flags the _mm512_undefined_* operands inside its own AVX-512 intrinsics
-// (-Wmaybe-uninitialized, GCC bug 105593); nothing here reads an uninitialised value.
-#if !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq")
-#endif
+KVLAB_TARGET_AVX512_BEGIN("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq")
 #define KVLAB_FW 16
 #include "kernels/cpu/attention_fused_simd.inc"  // NOLINT(bugprone-suspicious-include)
 #undef KVLAB_FW
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#pragma GCC diagnostic pop
-#endif
+KVLAB_TARGET_AVX512_END
 }  // namespace fused_avx512
 
 // ---- dispatch ------------------------------------------------------------------------------------

@@ -14,6 +14,7 @@
 #include "kernels/common/error.h"
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/cpu/cpu_path.h"
+#include "kernels/cpu/simd_target.h"
 #include "kernels/cpu/quant_matvec.h"
 
 extern "C" void openblas_set_num_threads(int num_threads);
@@ -72,12 +73,7 @@ void linear_reference(const WeightView& w, const float* x, int64_t n, float* y, 
 // The matvec kernels below are compiled for AVX2+FMA+F16C by target attributes (the pragmas), so
 // a KVLAB_NATIVE=OFF build stays baseline x86-64 elsewhere; matvec_rows runs them only where
 // cpu_path() is kAvx2, else the portable loop after them.
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx2,fma,f16c")
-#endif
+KVLAB_TARGET_BEGIN("avx2,fma,f16c")
 
 namespace {
 
@@ -179,27 +175,14 @@ void matvec_rows_avx2(const WeightView& w, const float* x, int64_t n, float* y, 
 
 }  // namespace
 
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+KVLAB_TARGET_END
 
 
 // ---- AVX-512 matvec ------------------------------------------------------------------------
 // The same kernels 16 lanes wide (AVX-512 F/BW/VL: Skylake-X and later Xeons, Zen 4), chosen at
 // run time by matvec_isa(). Weights are still widened to fp32 in registers and multiplied with
 // fp32 activations, so the results differ from the AVX2 path only by the order of the fp32 sums.
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")
-// GCC 12 warns inside its own AVX-512 headers (the _mm512_undefined_* operands of the
-// reduction and conversion intrinsics); nothing here reads an uninitialised value.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
+KVLAB_TARGET_AVX512_BEGIN("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")
 
 namespace {
 
@@ -289,12 +272,7 @@ void matvec_rows_avx512(const WeightView& w, const float* x, int64_t n, float* y
 
 }  // namespace
 
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC diagnostic pop
-#pragma GCC pop_options
-#endif
+KVLAB_TARGET_AVX512_END
 
 namespace {
 
