@@ -79,11 +79,9 @@ int run_calibrate_heads(const std::vector<std::string>& args) {
       ("seed", po::value<uint64_t>()->default_value(1), "seed of the trials' values and haystack offsets")
       ("value-digits", po::value<int>()->default_value(7), "digits of the needle's value");
   add_model_options(desc);
-  po::positional_options_description pos;
-  pos.add("model", 1);
   po::variables_map vm;
   if (!parse_options(args, "kvlab calibrate-heads MODEL --haystack FILE -o HEADS.tsv [--lengths 256,512] [--depths 0,50,100] [options]",
-                     desc, pos, vm))
+                     desc, {{"model", 1}}, vm))
     return 0;
   RetrievalCalibrationOptions o;
   o.context_lengths = parse_list<int>(vm["lengths"].as<std::string>(), "--lengths");

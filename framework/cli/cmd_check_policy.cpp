@@ -27,9 +27,8 @@ int run_check_policy(const std::vector<std::string>& args) {
        "check only this policy (repeatable; a built-in may be named too)")
       ("check", po::value<std::vector<std::string>>()->composing(),
        "run only this check (repeatable; names as printed, e.g. sim.invariants)");
-  po::positional_options_description pos;
   po::variables_map vm;
-  if (!parse_options(args, args[0] + " --plugin FILE.so [--policy NAME]...", desc, pos, vm)) return 0;
+  if (!parse_options(args, args[0] + " --plugin FILE.so [--policy NAME]...", desc, {}, vm)) return 0;
 
   PolicyRegistry registry = make_builtin_registry();
   std::vector<std::string> names;

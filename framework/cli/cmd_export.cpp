@@ -15,10 +15,9 @@ int run_export(const std::vector<std::string>& args) {
   desc.add_options()("format", po::value(&format)->required(), "kvpress (the only format)")
       ("results", po::value(&results)->required(), "a results file written by kvlab run")
       ("dir", po::value(&dir)->required(), "where the per-configuration directories go");
-  po::positional_options_description pos;
-  pos.add("results", 1).add("dir", 1);
   po::variables_map vm;
-  if (!parse_options(args, "kvlab export --format kvpress RESULTS.h5 DIR", desc, pos, vm)) return 0;
+  if (!parse_options(args, "kvlab export --format kvpress RESULTS.h5 DIR", desc, {{"results", 1}, {"dir", 1}}, vm))
+    return 0;
   if (format != "kvpress") fail("--format: expected kvpress, got '", format, "'");
   const auto written = export_kvpress(ResultsFile::open(results), dir);
   if (written.empty()) fail(results, ": no RULER cells to export");

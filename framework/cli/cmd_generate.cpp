@@ -41,9 +41,8 @@ int run_generate(const std::vector<std::string>& args) {
       ("ignore-eos", po::bool_switch(), "keep generating past end-of-sequence (benchmarks: always -n tokens)");
   add_model_options(desc);
   add_policy_options(desc);
-  po::positional_options_description pos;
   po::variables_map vm;
-  if (!parse_options(args, "kvlab generate --model PATH --prompt TEXT [options]", desc, pos, vm)) return 0;
+  if (!parse_options(args, "kvlab generate --model PATH --prompt TEXT [options]", desc, {}, vm)) return 0;
 
   const int max_new = vm["max-new-tokens"].as<int>();
   if (max_new < 0) fail("--max-new-tokens must be >= 0, got ", max_new);

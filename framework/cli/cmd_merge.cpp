@@ -12,10 +12,8 @@ int run_merge(const std::vector<std::string>& args) {
   std::vector<std::string> files;
   desc.add_options()("files", po::value(&files)->multitoken()->required(), "OUT.h5 then the shard files")
       ("overwrite", "replace OUT.h5 when it exists");
-  po::positional_options_description pos;
-  pos.add("files", -1);
   po::variables_map vm;
-  if (!parse_options(args, "kvlab merge OUT.h5 SHARD.h5...", desc, pos, vm)) return 0;
+  if (!parse_options(args, "kvlab merge OUT.h5 SHARD.h5...", desc, {{"files", -1}}, vm)) return 0;
   if (files.size() < 2) fail("expected OUT.h5 and at least one shard file (see kvlab merge --help)");
   const std::filesystem::path out = files[0];
   if (std::filesystem::exists(out) && !vm.count("overwrite"))

@@ -76,10 +76,8 @@ int run_model_info(const std::vector<std::string>& args) {
       ("tokenizer,t", po::value<std::string>(), "tokenizer file to use instead of the model's own")
       ("metadata", "also list every GGUF metadata key (GGUF files only)")
       ("json", "print one JSON object instead of text");
-  po::positional_options_description pos;
-  pos.add("model", 1);
   po::variables_map vm;
-  if (!parse_options(args, "kvlab model-info PATH [--metadata] [--json]", desc, pos, vm)) return 0;
+  if (!parse_options(args, "kvlab model-info PATH [--metadata] [--json]", desc, {{"model", 1}}, vm)) return 0;
 
   LoadOptions opts;
   if (vm.count("tokenizer")) opts.tokenizer_path = vm["tokenizer"].as<std::string>();

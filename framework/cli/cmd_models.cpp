@@ -16,10 +16,9 @@ namespace kvlab::cli {
 int run_models(const std::vector<std::string>& args) {
   po::options_description desc("options");
   desc.add_options()("json", "print one JSON array instead of the table");
-  po::positional_options_description pos;
   po::variables_map vm;
   if (!parse_options(args, "kvlab models [--json]   (directory: $KVLAB_MODELS_DIR, else <source>/.models)",
-                     desc, pos, vm))
+                     desc, {}, vm))
     return 0;
   const std::filesystem::path dir = models_dir();
   const std::vector<RegisteredModel> models = read_models_index(dir);

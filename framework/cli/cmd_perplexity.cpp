@@ -51,10 +51,9 @@ int run_perplexity(const std::vector<std::string>& args) {
       ("nll-out", po::value<std::string>(), "write 'position token nll' per scored token to this file");
   add_model_options(desc);
   add_policy_options(desc);
-  po::positional_options_description pos;
   po::variables_map vm;
   if (!parse_options(args, "kvlab perplexity --model PATH --text FILE [--protocol chunked|streaming|sliding] [--ctx N] [options]",
-                     desc, pos, vm))
+                     desc, {}, vm))
     return 0;
   const std::string protocol_name = vm["protocol"].as<std::string>();
   const std::optional<PplProtocol> named = enum_from_name(kPplProtocolNames, protocol_name);

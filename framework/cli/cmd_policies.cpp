@@ -43,9 +43,8 @@ int run_policies(const std::vector<std::string>& args) {
       ("instantiate", po::bool_switch(),
        "also create each listed policy with its defaults and its unlimited parameters (a smoke "
        "test for plugins)");
-  po::positional_options_description pos;
   po::variables_map vm;
-  if (!parse_options(args, args[0] + " [--plugin PATH]... [--name NAME]", desc, pos, vm)) return 0;
+  if (!parse_options(args, args[0] + " [--plugin PATH]... [--name NAME]", desc, {}, vm)) return 0;
 
   PolicyRegistry registry = make_builtin_registry();
   if (vm.count("plugin"))

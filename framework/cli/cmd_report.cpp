@@ -14,10 +14,8 @@ int run_report(const std::vector<std::string>& args) {
   desc.add_options()("results", po::value(&path)->required(), "a results file written by kvlab run (a partial one too)")
       ("json", "print JSON: per run (setting, effective parameters, aggregates, per length) and every cell")
       ("csv", "print CSV: one row per complete cell");
-  po::positional_options_description pos;
-  pos.add("results", 1);
   po::variables_map vm;
-  if (!parse_options(args, "kvlab report OUT.h5 [--json | --csv]", desc, pos, vm)) return 0;
+  if (!parse_options(args, "kvlab report OUT.h5 [--json | --csv]", desc, {{"results", 1}}, vm)) return 0;
   if (vm.count("json") && vm.count("csv")) fail("--json and --csv exclude each other");
   print_report(ResultsFile::open(path), std::cout,
                vm.count("json") ? ReportFormat::kJson : vm.count("csv") ? ReportFormat::kCsv : ReportFormat::kText);

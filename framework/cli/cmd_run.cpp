@@ -24,12 +24,10 @@ int run_run(const std::vector<std::string>& args) {
       ("device-dtype", po::value(&device_dtype), "cuda: bf16 (weights, KV pages, GEMM inputs; default) | f32 (agrees with cpu to float tolerance)")
       ("dry-run", "list the cells and their estimated KV memory; run nothing")
       ("shard", po::value(&shard), "I/N: run only cells with index % N == I (Slurm arrays; join with kvlab merge)");
-  po::positional_options_description pos;
-  pos.add("experiment", 1);
   po::variables_map vm;
   if (!parse_options(args, "kvlab run EXP.yaml [-o OUT.h5] [--resume | --overwrite] [--threads N] [--device cpu|cuda [--device-dtype bf16|f32]] "
                            "[--dry-run] [--shard I/N]",
-                     desc, pos, vm))
+                     desc, {{"experiment", 1}}, vm))
     return 0;
   RunOptions o;
   o.output = output;

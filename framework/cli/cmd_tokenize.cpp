@@ -24,9 +24,8 @@ int run_tokenize(const std::vector<std::string>& args) {
       ("decode", "read space-separated ids from stdin and print the text they decode to")
       ("bos", "prepend the BOS token (default: never, so the ids are those of the text alone)")
       ("special", "recognise special-token text such as <s> or <|endoftext|>");
-  po::positional_options_description pos;
   po::variables_map vm;
-  if (!parse_options(args, "kvlab tokenize --tokenizer PATH [--ids|--pieces|--decode] < input", desc, pos, vm))
+  if (!parse_options(args, "kvlab tokenize --tokenizer PATH [--ids|--pieces|--decode] < input", desc, {}, vm))
     return 0;
   if (vm.count("pieces") + vm.count("ids") + vm.count("decode") > 1)
     fail("--ids, --pieces and --decode exclude each other (see ", args[0], " --help)");

@@ -19,10 +19,8 @@ int run_validate(const std::vector<std::string>& args) {
   std::string experiment;
   desc.add_options()("experiment", po::value(&experiment)->required(), "the experiment YAML file")
       ("no-files", "do not check that the files it names exist (nor the model-dependent settings)");
-  po::positional_options_description pos;
-  pos.add("experiment", 1);
   po::variables_map vm;
-  if (!parse_options(args, "kvlab validate EXP.yaml [--no-files]", desc, pos, vm)) return 0;
+  if (!parse_options(args, "kvlab validate EXP.yaml [--no-files]", desc, {{"experiment", 1}}, vm)) return 0;
   const ExperimentSpec spec = parse_experiment(experiment);
   const bool files = !vm.count("no-files");
   if (files) check_files_exist(spec);

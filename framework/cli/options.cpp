@@ -18,9 +18,11 @@ std::string read_input_file(const std::string& path, const std::string& what) {
 }
 
 bool parse_options(const std::vector<std::string>& args, const std::string& usage_line,
-                   po::options_description& desc, const po::positional_options_description& pos,
+                   po::options_description& desc, const std::vector<Positional>& positional,
                    po::variables_map& vm) {
   desc.add_options()("help,h", "show this help");
+  po::positional_options_description pos;
+  for (const Positional& p : positional) pos.add(p.option, p.max_count);
   std::vector<std::string> rest(args.begin() + 1, args.end());
   try {
     // No abbreviations: Boost's default style takes "--out" for "--output"; a misspelt option
