@@ -118,16 +118,10 @@ std::string PerplexityEvaluation::identity(size_t cell, const std::function<std:
 CellRecord PerplexityEvaluation::run_cell(size_t cell, EvalContext& ctx) const {
   if (cell >= tokens_.size()) fail("perplexity: run_cell before prepare");
   const PerplexitySpec& s = spec_;
-  PerplexityOptions o;
-  o.protocol = s.protocol;
-  o.n_ctx = s.n_ctx;
-  o.window = s.window;
-  o.stride = s.stride;
-  o.checkpoints = s.checkpoints;
   EngineLm& lm = ctx.lm;
   lm.reset_counters();
   const std::vector<int32_t>& tokens = tokens_[cell];
-  const PerplexityResult r = evaluate_perplexity(lm, tokens, ctx.tokenizer.bos_id(), o);
+  const PerplexityResult r = evaluate_perplexity(lm, tokens, ctx.tokenizer.bos_id(), s);
   CellRecord rec;
   Dataset nll = column(r.nll);
   nll.attrs["unit"] = std::string("nats");

@@ -15,15 +15,12 @@
 
 namespace kvlab {
 
-struct PerplexitySpec {
+// The section's protocol settings are the PerplexityOptions each cell runs with (perplexity.h:
+// protocol, n_ctx, window, stride, checkpoints); on_progress stays empty here.
+struct PerplexitySpec : PerplexityOptions {
   bool enabled = false;
   std::vector<std::filesystem::path> text;
   int tokens = 2048;  // tokens taken from the start of each text (after BOS)
-  PplProtocol protocol = PplProtocol::kStreaming;
-  int n_ctx = 512;    // chunked: window length
-  int window = 1024;  // sliding: window length
-  int stride = 512;   // sliding: stride
-  std::vector<int> checkpoints;  // running PPL after this many scored tokens (default: powers of 2)
   SourceRef ref;
 };
 
